@@ -1,0 +1,200 @@
+"""The daemon's configuration: typed dataclasses read strictly from TOML.
+
+The keys of ``[server] [runtime] [log] [paths]`` are the product's contract (design.md §7).
+``[qos]`` and ``[numa]`` belong to their policy packages, which parse them from a
+:class:`~anolisnuma.configfile.Table` themselves; ``[hooks.<name>]`` sets each hook's time
+budget and failure policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from anolisnuma.configfile import ConfigError, Table, load_toml
+
+MIB = 1 << 20
+UNIX_PREFIX = "unix://"
+
+
+def _socket_path(table: Table, name: str, default: str) -> str:
+    value = table.str(name, default)
+    if value.startswith(UNIX_PREFIX):
+        value = value[len(UNIX_PREFIX):]
+    if not value.startswith("/"):
+        raise ConfigError(table.key(name), f"must be an absolute unix socket path; got {value!r}")
+    return value
+
+
+def _abs_path(table: Table, name: str, default: str) -> str:
+    value = table.str(name, default)
+    if not value.startswith("/"):
+        raise ConfigError(table.key(name), f"must be an absolute path; got {value!r}")
+    return value.rstrip("/") or "/"
+
+
+@dataclass
+class ServerConfig:
+    listen: str = "/var/run/anolisnuma/anolisnuma.sock"
+    socket_mode: int = 0o660
+    # Largest intercepted request the proxy decodes; pass-through calls are spliced frame by
+    # frame and carry no limit of ours at all (the kubelet's and containerd's 16 MiB apply).
+    max_message_bytes: int = 16 * MIB
+    # How long SIGTERM waits for in-flight calls before closing connections.
+    shutdown_grace_seconds: float = 10.0
+
+    @classmethod
+    def from_table(cls, t: Table) -> "ServerConfig":
+        mode = t.str("socket_mode", "0660")
+        try:
+            socket_mode = int(mode, 8)
+        except ValueError:
+            raise ConfigError(t.key("socket_mode"), f"must be an octal string like \"0660\"; got {mode!r}")
+        if not 0 <= socket_mode <= 0o777:
+            raise ConfigError(t.key("socket_mode"), f"must be within 0000..0777; got {mode!r}")
+        cfg = cls(
+            listen=_socket_path(t, "listen", cls.listen),
+            socket_mode=socket_mode,
+            max_message_bytes=t.int("max_message_bytes", cls.max_message_bytes, min=16 * MIB, max=2**31 - 1),
+            shutdown_grace_seconds=t.float("shutdown_grace_seconds", cls.shutdown_grace_seconds, min=0, max=600),
+        )
+        t.finish()
+        return cfg
+
+
+@dataclass
+class RuntimeConfig:
+    endpoint: str = "/run/containerd/containerd.sock"
+    # Budget for connecting to containerd; a kubelet call fails fast with UNAVAILABLE
+    # (its connection is closed) when containerd cannot be reached within it.
+    connect_timeout_seconds: float = 1.0
+    # Limit for the replies of the daemon's own calls to containerd (List*, status).
+    max_message_bytes: int = 16 * MIB
+
+    @classmethod
+    def from_table(cls, t: Table) -> "RuntimeConfig":
+        cfg = cls(
+            endpoint=_socket_path(t, "endpoint", cls.endpoint),
+            connect_timeout_seconds=t.float("connect_timeout_seconds", cls.connect_timeout_seconds,
+                                            min=0.01, max=60),
+            max_message_bytes=t.int("max_message_bytes", cls.max_message_bytes, min=16 * MIB, max=2**31 - 1),
+        )
+        t.finish()
+        return cfg
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass
+class LogConfig:
+    file: str = "/var/log/anolisnuma.log"   # "" logs to stderr only
+    level: str = "info"
+    stderr: bool = True
+
+    @classmethod
+    def from_table(cls, t: Table) -> "LogConfig":
+        file = t.str("file", cls.file)
+        if file and not file.startswith("/"):
+            raise ConfigError(t.key("file"), f"must be an absolute path or empty; got {file!r}")
+        cfg = cls(file=file, level=t.str("level", cls.level, choices=LOG_LEVELS),
+                  stderr=t.bool("stderr", cls.stderr))
+        t.finish()
+        return cfg
+
+
+@dataclass
+class PathsConfig:
+    cgroup_root: str = "/sys/fs/cgroup"
+    resctrl_root: str = "/sys/fs/resctrl"
+    sys_root: str = "/sys"
+    proc_root: str = "/proc"
+    state_dir: str = "/var/lib/anolisnuma"
+    kubelet_cpu_manager_state: str = "/var/lib/kubelet/cpu_manager_state"
+
+    @classmethod
+    def from_table(cls, t: Table) -> "PathsConfig":
+        cfg = cls(**{name: _abs_path(t, name, getattr(cls, name)) for name in (
+            "cgroup_root", "resctrl_root", "sys_root", "proc_root", "state_dir",
+            "kubelet_cpu_manager_state")})
+        t.finish()
+        return cfg
+
+
+@dataclass
+class HookSettings:
+    budget_seconds: float = 2.0
+    failure_policy: str = "ignore"
+
+
+@dataclass
+class HooksConfig:
+    """Per-hook settings, plus the pod annotations/labels that opt a pod out of every hook."""
+
+    default: HookSettings = field(default_factory=HookSettings)
+    per_hook: Dict[str, HookSettings] = field(default_factory=dict)
+    skip_keys: List[str] = field(default_factory=lambda: [
+        "anolisnuma.io/skip", "runtimeproxy.koordinator.sh/skip-hookserver"])
+
+    def settings(self, hook_name: str) -> HookSettings:
+        return self.per_hook.get(hook_name, self.default)
+
+    @classmethod
+    def from_table(cls, t: Table) -> "HooksConfig":
+        default = _hook_settings(t, HookSettings())
+        per_hook = {}
+        skip_keys = t.str_list("skip_keys", cls().skip_keys)
+        for name in t.keys():
+            if name in ("budget_seconds", "failure_policy", "skip_keys"):
+                continue
+            per_hook[name] = _hook_settings(t.table(name), default, finish=True)
+        t.finish()
+        return cls(default=default, per_hook=per_hook, skip_keys=skip_keys)
+
+
+def _hook_settings(t: Table, base: HookSettings, finish: bool = False) -> HookSettings:
+    s = HookSettings(
+        budget_seconds=t.float("budget_seconds", base.budget_seconds, min=0.001, max=300),
+        failure_policy=t.str("failure_policy", base.failure_policy, choices=("ignore", "fail")),
+    )
+    if finish:
+        t.finish()
+    return s
+
+
+@dataclass
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    hooks: HooksConfig = field(default_factory=HooksConfig)
+    qos: Any = None    # anolisnuma.policies.qos.config.QosConfig
+    numa: Any = None   # anolisnuma.policies.numa.config.NumaConfig
+    source: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], source: Optional[str] = None) -> "Config":
+        from anolisnuma.policies.numa.config import NumaConfig
+        from anolisnuma.policies.qos.config import QosConfig
+
+        root = Table(data)
+        cfg = cls(
+            server=ServerConfig.from_table(root.table("server")),
+            runtime=RuntimeConfig.from_table(root.table("runtime")),
+            log=LogConfig.from_table(root.table("log")),
+            paths=PathsConfig.from_table(root.table("paths")),
+            hooks=HooksConfig.from_table(root.table("hooks")),
+            qos=QosConfig.from_table(root.table("qos")),
+            numa=NumaConfig.from_table(root.table("numa")),
+            source=source,
+        )
+        root.finish()
+        if cfg.server.listen == cfg.runtime.endpoint:
+            raise ConfigError("server.listen", "must differ from runtime.endpoint")
+        return cfg
+
+    @classmethod
+    def load(cls, path: str) -> "Config":
+        """Read and validate ``path``; raises :class:`ConfigError` naming the bad key."""
+        return cls.from_dict(load_toml(path), source=path)

@@ -1,0 +1,1 @@
+"""Policies: pure decisions, no I/O."""

@@ -1,0 +1,1 @@
+"""State: records of pods and containers, allocations, atomic persistence."""

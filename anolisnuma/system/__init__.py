@@ -1,0 +1,1 @@
+"""System adapters: the only code that reads or writes host files."""

@@ -1,0 +1,1 @@
+"""Helpers for tests: fake kernel trees, a fake CRI backend, a private real containerd."""
