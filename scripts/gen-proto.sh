@@ -1,0 +1,56 @@
+#!/bin/sh
+# Regenerate cri_proto/api_pb2.py and cri_proto/api_pb2.pyi from cri_proto/api.proto:
+#
+#     scripts/gen-proto.sh
+#
+# The generated code refuses to import under a protobuf runtime OLDER than the protoc that
+# generated it (ValidateProtobufRuntimeVersion). pyproject.toml allows protobuf >= 6.31.0,
+# so the code must come from protoc 31.0, which is what grpcio-tools 1.73.1 bundles
+# (newer grpcio-tools emit e.g. 6.33.5 and would break on protobuf 6.31/6.32).
+#
+# The interpreter is $PYTHON if set, else .venv/bin/python, else python3. If its installed
+# grpcio-tools is not $GRPCIO_TOOLS_VERSION (default 1.73.1), that version is installed
+# once (no dependencies; the interpreter's own protobuf is used) into
+# ${XDG_CACHE_HOME:-~/.cache}/anolisnuma/grpcio-tools-<version> and used from there.
+# GEN_PROTO_USE_INSTALLED=1 skips the pinning and uses whatever grpcio-tools is installed;
+# the gencode-version check below then tells you whether the result is still usable.
+set -eu
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x .venv/bin/python ]; then
+        PYTHON=.venv/bin/python
+    else
+        PYTHON=python3
+    fi
+fi
+want=${GRPCIO_TOOLS_VERSION:-1.73.1}
+floor=6.31.0   # keep in step with the protobuf floor in pyproject.toml
+
+have=$("$PYTHON" -c 'from importlib.metadata import version; print(version("grpcio-tools"))' 2>/dev/null || echo none)
+if [ "${GEN_PROTO_USE_INSTALLED:-0}" != 1 ] && [ "$have" != "$want" ]; then
+    tools="${XDG_CACHE_HOME:-$HOME/.cache}/anolisnuma/grpcio-tools-$want"
+    if [ ! -d "$tools/grpc_tools" ]; then
+        echo "installing grpcio-tools==$want into $tools" >&2
+        "$PYTHON" -m pip install --quiet --no-deps --target "$tools" "grpcio-tools==$want"
+    fi
+    PYTHONPATH="$tools${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH
+fi
+
+"$PYTHON" -m grpc_tools.protoc -I cri_proto --python_out=cri_proto --pyi_out=cri_proto cri_proto/api.proto
+
+gencode=$(sed -n 's/^# Protobuf Python Version: //p' cri_proto/api_pb2.py)
+echo "generated cri_proto/api_pb2.py and api_pb2.pyi ($("$PYTHON" -m grpc_tools.protoc --version), gencode $gencode)"
+if ! "$PYTHON" - "$gencode" "$floor" <<'PY'
+import sys
+gen, floor = (tuple(int(p) for p in v.split(".")[:3]) for v in sys.argv[1:3])
+sys.exit(0 if gen <= floor else 1)
+PY
+then
+    echo "ERROR: gencode $gencode needs protobuf >= $gencode at run time but pyproject.toml allows $floor;" >&2
+    echo "       regenerate with grpcio-tools $want (unset GEN_PROTO_USE_INSTALLED) or raise the floor." >&2
+    exit 1
+fi
