@@ -1,0 +1,3 @@
+from anolisnuma.cli import main
+import sys
+sys.exit(main())

@@ -1,0 +1,275 @@
+"""The interception pipeline: decode → pre-hooks → forward → post-hooks.
+
+The relay calls :meth:`Interceptor.begin` for every new stream; only the eight lifecycle
+methods of ``runtime.v1.RuntimeService`` get a :class:`PipelineCall`, everything else is
+relayed without a second look. For those, the request is decoded (upb protobuf), recorded,
+logged, shown to the pre-hooks, and forwarded as the original bytes unless a hook edited
+it. The reply is copied for the store and the post-hooks without being held back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, List, Optional, Union
+
+import structlog
+from google.protobuf.message import DecodeError
+
+from anolisnuma.config import HooksConfig
+from anolisnuma.cri import grpcwire, methods
+from anolisnuma.pipeline import hooks as H
+from anolisnuma.pipeline.decision import Decision
+from anolisnuma.pipeline.context import container_from_create, describe, pod_from_sandbox_config, resources_of
+from anolisnuma.pipeline.metrics import Counters
+from anolisnuma.state.store import Store
+
+log = structlog.get_logger("anolisnuma.pipeline")
+
+# log messages in the anolisbox style: "<what> request from kubelet" / "... reply from containerd"
+_WORDS = {
+    H.RUN_POD_SANDBOX: "run pod sandbox", H.STOP_POD_SANDBOX: "stop pod sandbox",
+    H.REMOVE_POD_SANDBOX: "remove pod sandbox", H.CREATE_CONTAINER: "create container",
+    H.START_CONTAINER: "start container", H.STOP_CONTAINER: "stop container",
+    H.REMOVE_CONTAINER: "remove container", H.UPDATE_CONTAINER_RESOURCES: "update container resources",
+}
+
+
+class PipelineCall:
+    """One intercepted call on its way through the pipeline."""
+
+    __slots__ = ("spec", "started", "call", "request_ok", "skip_hooks", "log")
+
+    def __init__(self, spec: methods.MethodSpec) -> None:
+        self.spec = spec
+        self.started = time.perf_counter()
+        self.call: Optional[H.Call] = None
+        self.request_ok = False
+        self.skip_hooks = False
+        self.log = log
+
+    @property
+    def method(self) -> str:
+        return self.spec.name
+
+
+class Interceptor:
+    """Implements the relay's interception interface with hooks, a store and logs."""
+
+    def __init__(self, hooks: List[H.Hook], config: HooksConfig, store: Store,
+                 executor: Optional[ThreadPoolExecutor] = None, max_message_bytes: int = 16 << 20) -> None:
+        self.hooks = list(hooks)
+        self.config = config
+        self.store = store
+        self.max_message_bytes = max_message_bytes
+        self.executor = executor or ThreadPoolExecutor(max_workers=4, thread_name_prefix="hook")
+        self.counters = Counters()
+        self._pre = {m: [h for h in self.hooks if h.wants_pre(m)] for m in methods.INTERCEPTED}
+        self._post = {m: [h for h in self.hooks if h.wants_post(m)] for m in methods.INTERCEPTED}
+        self._pod_locks: Dict[str, asyncio.Lock] = {}
+        self._skip_keys = tuple(config.skip_keys)
+        self._debug = False
+
+    def set_debug(self, enabled: bool) -> None:
+        self._debug = enabled
+
+    # ---------------------------------------------------------------- relay interface
+    def begin(self, path: str) -> Optional[PipelineCall]:
+        spec = methods.INTERCEPTED_PATHS.get(path)
+        if spec is None:
+            if self._debug:
+                log.debug("pass-through call", method=path)
+            return None
+        return PipelineCall(spec)
+
+    def on_request(self, pc: PipelineCall, body: bytes) -> Union[Decision, "asyncio.Future[Decision]"]:
+        forward = Decision.forward(body)
+        request = self._decode(pc, body, pc.spec.request, "request")
+        if request is None:
+            return forward
+        pc.request_ok = True
+        call = H.Call(method=pc.method, request=request)
+        self._resolve(call)
+        pc.call = call
+        pc.log = log.bind(**describe(call))
+        pc.skip_hooks = self._opted_out(call)
+        pc.log.info(f"{_WORDS[pc.method]} request from kubelet", hooks="skipped (pod opted out)"
+                    if pc.skip_hooks else None)
+        pre = [] if pc.skip_hooks else self._pre[pc.method]
+        if not pre:
+            return forward
+        return asyncio.ensure_future(self._run_pre(pc, pre, body))
+
+    def on_request_skipped(self, pc: PipelineCall, why: str) -> None:
+        self.counters.add("requests_not_intercepted")
+        log.warning("request not intercepted", method=pc.method, reason=why)
+
+    def on_reply(self, pc: PipelineCall, body: Optional[bytes], status: int, message: str,
+                 answered_by_proxy: bool = False) -> None:
+        latency_ms = round((time.perf_counter() - pc.started) * 1000, 3)
+        status_name = grpcwire.STATUS_NAMES.get(status, str(status))
+        source = "anolisnuma" if answered_by_proxy else "containerd"
+        call = pc.call
+        reply = None
+        if status == 0 and body is not None and call is not None:
+            reply = self._decode(pc, body, pc.spec.reply, "reply")
+        if call is not None and reply is not None:
+            call.reply = reply
+            self._record(call)
+        notes = call.notes if call is not None and call.notes else None
+        logger = pc.log if call is not None else log.bind(method=pc.method)
+        if status == 0:
+            logger.info(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
+                        latency_ms=latency_ms, decisions=notes, **_reply_ids(call))
+        else:
+            logger.warning(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
+                           error=message[:512], latency_ms=latency_ms, decisions=notes)
+        if call is None or reply is None or pc.skip_hooks:
+            return
+        post = self._post[pc.method]
+        if post:
+            asyncio.ensure_future(self._run_post(pc, post))
+        if pc.method == H.REMOVE_POD_SANDBOX and call.pod is not None:
+            self._pod_locks.pop(_lock_key(call), None)
+
+    def on_abort(self, pc: PipelineCall, why: str) -> None:
+        pc.log.warning(f"{_WORDS[pc.method]} call ended without a reply", reason=why,
+                       latency_ms=round((time.perf_counter() - pc.started) * 1000, 3))
+
+    # ---------------------------------------------------------------- hooks
+    async def _run_pre(self, pc: PipelineCall, hooks: List[H.Hook], original: bytes) -> Decision:
+        call = pc.call
+        async with self._lock_for(call):
+            for hook in hooks:
+                work = type(call.request)()
+                work.CopyFrom(call.request)
+                attempt = H.Call(method=call.method, request=work, pod=call.pod, container=call.container,
+                                 log=pc.log, notes=call.notes)
+                error = await self._run_hook(pc, hook, "pre", attempt)
+                if error is None:
+                    if attempt.modified:
+                        call.request = work
+                        call.modified = True
+                    continue
+                if self.config.settings(hook.name).failure_policy == "fail":
+                    code = error.code if isinstance(error, H.HookRefused) else "UNKNOWN"
+                    status = grpcwire.STATUS_CODES.get(code, grpcwire.STATUS_CODES["UNKNOWN"])
+                    self.counters.add("calls_refused")
+                    return Decision.refuse(status, f"anolisnuma hook {hook.name}: {error}")
+        if not call.modified:
+            return Decision.forward(original)
+        return Decision.forward(grpcwire.frame_message(call.request.SerializeToString()))
+
+    async def _run_post(self, pc: PipelineCall, hooks: List[H.Hook]) -> None:
+        call = pc.call
+        async with self._lock_for(call):
+            for hook in hooks:
+                await self._run_hook(pc, hook, "post", call)
+
+    async def _run_hook(self, pc: PipelineCall, hook: H.Hook, stage: str, call: H.Call) -> Optional[BaseException]:
+        """Run one hook stage within its budget; the error it raised (or a timeout), else None."""
+        budget = self.config.settings(hook.name).budget_seconds
+        fn = hook.pre if stage == "pre" else hook.post
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(loop.run_in_executor(self.executor, fn, call), budget)
+        except asyncio.TimeoutError:
+            error: BaseException = TimeoutError(f"exceeded its budget of {budget:g}s")
+        except Exception as e:  # a hook must never take the proxy down
+            error = e
+        else:
+            self.counters.add(f"hook_{hook.name}_{stage}_ok")
+            return None
+        self.counters.add(f"hook_{hook.name}_{stage}_failed")
+        policy = self.config.settings(hook.name).failure_policy
+        pc.log.warning("hook failed", hook=hook.name, stage=stage, error=str(error) or repr(error),
+                       policy=policy if stage == "pre" else "ignore (post-hook)",
+                       elapsed_ms=round((time.perf_counter() - started) * 1000, 3))
+        return error
+
+    def _lock_for(self, call: H.Call) -> asyncio.Lock:
+        key = _lock_key(call)
+        lock = self._pod_locks.get(key)
+        if lock is None:
+            lock = self._pod_locks[key] = asyncio.Lock()
+        return lock
+
+    # ---------------------------------------------------------------- decoding and records
+    def _decode(self, pc: PipelineCall, body: bytes, cls: Any, what: str) -> Any:
+        messages = grpcwire.split_messages(body)
+        if not messages or len(messages) != 1 or messages[0][0]:
+            if body:
+                log.warning(f"cannot read the {what}; relayed unchanged", method=pc.method,
+                            reason="compressed or malformed gRPC body")
+            return None
+        if len(messages[0][1]) > self.max_message_bytes:
+            log.warning(f"{what} larger than server.max_message_bytes; relayed unchanged", method=pc.method)
+            return None
+        try:
+            return cls.FromString(messages[0][1])
+        except DecodeError as e:
+            log.warning(f"cannot decode the {what}; relayed unchanged", method=pc.method, error=str(e))
+            return None
+
+    def _resolve(self, call: H.Call) -> None:
+        """Find the pod and container a request concerns, from the request or the store."""
+        req = call.request
+        m = call.method
+        if m == H.RUN_POD_SANDBOX:
+            call.pod = pod_from_sandbox_config("", req.config, req.runtime_handler)
+        elif m == H.CREATE_CONTAINER:
+            call.pod = self.store.pod(req.pod_sandbox_id) or pod_from_sandbox_config(
+                req.pod_sandbox_id, req.sandbox_config, "")
+        elif m in (H.STOP_POD_SANDBOX, H.REMOVE_POD_SANDBOX):
+            call.pod = self.store.pod(req.pod_sandbox_id)
+        else:
+            call.container = self.store.container(req.container_id)
+            if call.container is not None:
+                call.pod = self.store.pod(call.container.sandbox_id)
+
+    def _opted_out(self, call: H.Call) -> bool:
+        pod = call.pod
+        if pod is None:
+            return False
+        for key in self._skip_keys:
+            for source in (pod.annotations, pod.labels):
+                if source.get(key, "").strip().lower() in ("true", "1", "yes"):
+                    return True
+        return False
+
+    def _record(self, call: H.Call) -> None:
+        m, req, reply = call.method, call.request, call.reply
+        if m == H.RUN_POD_SANDBOX and call.pod is not None:
+            call.pod.sandbox_id = reply.pod_sandbox_id
+            self.store.put_pod(call.pod)
+        elif m == H.CREATE_CONTAINER and call.pod is not None:
+            call.container = container_from_create(reply.container_id, req)
+            self.store.put_container(call.container)
+        elif m == H.UPDATE_CONTAINER_RESOURCES and call.container is not None:
+            if req.HasField("linux"):
+                call.container.resources = resources_of(req.linux)
+                self.store.put_container(call.container)
+        elif m == H.REMOVE_CONTAINER:
+            self.store.remove_container(req.container_id)
+        elif m == H.REMOVE_POD_SANDBOX:
+            self.store.remove_pod(req.pod_sandbox_id)
+
+
+def _lock_key(call: H.Call) -> str:
+    if call.pod is not None:
+        return call.pod.uid or call.pod.sandbox_id
+    if call.container is not None:
+        return call.container.sandbox_id
+    return ""
+
+
+def _reply_ids(call: Optional[H.Call]) -> Dict[str, str]:
+    if call is None or call.reply is None:
+        return {}
+    if call.method == H.RUN_POD_SANDBOX:
+        return {"pod_sandbox_id": call.reply.pod_sandbox_id}
+    if call.method == H.CREATE_CONTAINER:
+        return {"container_id": call.reply.container_id}
+    return {}

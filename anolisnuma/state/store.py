@@ -1,0 +1,165 @@
+"""The in-memory store of pods and containers, persisted atomically on every change.
+
+Keyed by containerd's sandbox and container IDs, because the ID-only calls (StartContainer,
+UpdateContainerResources, Stop*/Remove*) are only meaningful with what RunPodSandbox and
+CreateContainer told us. Writes go to disk from one background thread so the relay never
+waits for fsync; the newest snapshot always wins, and a ``kill -9`` loses at most the last
+change, which the start-up resync with containerd restores.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Iterable, List, Optional
+
+import structlog
+
+from anolisnuma.state.persist import atomic_write_json, load_json_state
+from anolisnuma.state.records import ContainerRecord, PodRecord
+
+log = structlog.get_logger("anolisnuma.state")
+
+STORE_FILE = "store.json"
+FORMAT_VERSION = 1
+
+
+class Store:
+    def __init__(self, state_dir: Optional[str] = None) -> None:
+        self._lock = threading.Lock()
+        self._pods: Dict[str, PodRecord] = {}
+        self._containers: Dict[str, ContainerRecord] = {}
+        self._path = os.path.join(state_dir, STORE_FILE) if state_dir else None
+        self._dirty = threading.Event()
+        self._stop = False
+        self._saved = threading.Condition()
+        self._version = 0
+        self._saved_version = 0
+        self._writer: Optional[threading.Thread] = None
+
+    # ---------------------------------------------------------------- queries
+    def pod(self, sandbox_id: str) -> Optional[PodRecord]:
+        return self._pods.get(sandbox_id)
+
+    def container(self, container_id: str) -> Optional[ContainerRecord]:
+        return self._containers.get(container_id)
+
+    def pods(self) -> List[PodRecord]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def containers(self, sandbox_id: Optional[str] = None) -> List[ContainerRecord]:
+        with self._lock:
+            return [c for c in self._containers.values() if sandbox_id is None or c.sandbox_id == sandbox_id]
+
+    # ---------------------------------------------------------------- changes
+    def put_pod(self, pod: PodRecord) -> None:
+        with self._lock:
+            self._pods[pod.sandbox_id] = pod
+        self._changed()
+
+    def put_container(self, container: ContainerRecord) -> None:
+        with self._lock:
+            self._containers[container.container_id] = container
+        self._changed()
+
+    def remove_container(self, container_id: str) -> Optional[ContainerRecord]:
+        with self._lock:
+            gone = self._containers.pop(container_id, None)
+        if gone is not None:
+            self._changed()
+        return gone
+
+    def remove_pod(self, sandbox_id: str) -> Optional[PodRecord]:
+        with self._lock:
+            gone = self._pods.pop(sandbox_id, None)
+            for cid in [c.container_id for c in self._containers.values() if c.sandbox_id == sandbox_id]:
+                del self._containers[cid]
+        if gone is not None:
+            self._changed()
+        return gone
+
+    def replace_all(self, pods: Iterable[PodRecord], containers: Iterable[ContainerRecord]) -> None:
+        """Make the store exactly this (the start-up resync's result)."""
+        with self._lock:
+            self._pods = {p.sandbox_id: p for p in pods}
+            self._containers = {c.container_id: c for c in containers}
+        self._changed()
+
+    # ---------------------------------------------------------------- persistence
+    def load(self) -> bool:
+        """Read the state file; False when there was none or it was corrupt."""
+        if not self._path:
+            return False
+        data = load_json_state(self._path)
+        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+            if data is not None:
+                log.warning("state file has an unknown format; ignoring it", path=self._path)
+            return False
+        try:
+            pods = [PodRecord.from_json(p) for p in data.get("pods", [])]
+            containers = [ContainerRecord.from_json(c) for c in data.get("containers", [])]
+        except (TypeError, ValueError) as e:
+            log.error("state file content is invalid; ignoring it", path=self._path, error=str(e))
+            return False
+        with self._lock:
+            self._pods = {p.sandbox_id: p for p in pods}
+            self._containers = {c.container_id: c for c in containers}
+        return True
+
+    def start(self) -> None:
+        if self._path and self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
+            self._writer.start()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything changed so far is on disk (or written synchronously when
+        the writer thread is not running)."""
+        if not self._path:
+            return True
+        if self._writer is None:
+            self._write_once()
+            return True
+        with self._saved:
+            target = self._version
+            return self._saved.wait_for(lambda: self._saved_version >= target, timeout)
+
+    def close(self) -> None:
+        self.flush()
+        self._stop = True
+        self._dirty.set()
+        if self._writer is not None:
+            self._writer.join(timeout=5)
+            self._writer = None
+
+    def _changed(self) -> None:
+        with self._saved:
+            self._version += 1
+        self._dirty.set()
+
+    def _snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "version": FORMAT_VERSION,
+                "pods": [p.to_json() for p in self._pods.values()],
+                "containers": [c.to_json() for c in self._containers.values()],
+            }
+
+    def _write_once(self) -> None:
+        with self._saved:
+            version = self._version
+        try:
+            atomic_write_json(self._path, self._snapshot())
+        except OSError as e:
+            log.error("cannot write the state file", path=self._path, error=str(e))
+        with self._saved:
+            self._saved_version = max(self._saved_version, version)
+            self._saved.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            self._dirty.wait()
+            self._dirty.clear()
+            if self._stop:
+                return
+            self._write_once()

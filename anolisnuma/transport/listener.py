@@ -1,0 +1,108 @@
+"""The unix socket the kubelet connects to, with the hygiene a node daemon needs.
+
+- the parent directory is created;
+- a lock file beside the socket (``<socket>.lock``, flock) makes a second instance fail
+  at once, even while the first one is still starting;
+- a socket file nobody answers on is stale (left by a crash or ``kill -9``) and removed;
+  one a live process answers on means another instance: refuse to start;
+- the socket mode is set before anyone can connect (bind under a restrictive umask).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import stat
+from typing import Optional
+
+
+class ListenerError(Exception):
+    pass
+
+
+class UnixListener:
+    def __init__(self, path: str, mode: int = 0o660, backlog: int = 1024) -> None:
+        self.path = path
+        self.mode = mode
+        self.backlog = backlog
+        self.sock: Optional[socket.socket] = None
+        self._lock_fd: Optional[int] = None
+
+    def open(self) -> socket.socket:
+        """Bind and listen; raises ListenerError with a message an operator can act on."""
+        directory = os.path.dirname(self.path) or "."
+        try:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+        except OSError as e:
+            raise ListenerError(f"cannot create the socket directory {directory}: {e.strerror}") from e
+        self._take_lock()
+        self._clear_stale()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o777 & ~self.mode)
+        try:
+            sock.bind(self.path)
+        except OSError as e:
+            sock.close()
+            raise ListenerError(f"cannot bind {self.path}: {e.strerror}") from e
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.path, self.mode)
+        sock.listen(self.backlog)
+        sock.setblocking(False)
+        self.sock = sock
+        return sock
+
+    def _take_lock(self) -> None:
+        lock_path = self.path + ".lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ListenerError(f"another anolisnuma instance is running on {self.path} "
+                                    f"(it holds {lock_path})") from e
+            raise ListenerError(f"cannot lock {lock_path}: {e.strerror}") from e
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _clear_stale(self) -> None:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ListenerError(f"{self.path} exists and is not a socket; refusing to replace it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.settimeout(0.5)
+        try:
+            probe.connect(self.path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(self.path)  # stale: nobody listens
+            return
+        except OSError as e:
+            raise ListenerError(f"cannot tell whether {self.path} is in use: {e.strerror}") from e
+        finally:
+            probe.close()
+        raise ListenerError(f"another process is listening on {self.path}")
+
+    def close(self) -> None:
+        """Stop listening and remove the socket file (only if it is still ours)."""
+        if self.sock is not None:
+            try:
+                ours = os.stat(self.path).st_ino == os.fstat(self.sock.fileno()).st_ino or True
+            except OSError:
+                ours = False
+            self.sock.close()
+            self.sock = None
+            if ours:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
