@@ -117,6 +117,8 @@ class Splice:
     def upstream_connected(self, up: asyncio.Transport) -> None:
         self.up = up
         self.down.resume_reading()
+        if self.k2c.buf:  # bytes that arrived before containerd answered
+            self.from_kubelet(b"")
 
     def close(self, why: str = "") -> None:
         if self.closed:
@@ -135,11 +137,15 @@ class Splice:
 
     # ---------------------------------------------------------------- kubelet → containerd
     def from_kubelet(self, data: bytes) -> None:
-        if self.closed or self.up is None:
+        if self.closed:
             return
         r = self.k2c
+        if self.up is None:  # reading is paused until then, but an event loop may deliver one read
+            r.buf += data
+            return
         if self.blind:
-            self.up.write(data)
+            self.up.write(bytes(r.buf) + data if r.buf else data)
+            r.buf.clear()
             return
         r.buf += data
         out: List[bytes] = []
