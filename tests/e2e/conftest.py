@@ -1,0 +1,114 @@
+"""End-to-end fixtures: one private real containerd per test session.
+
+Every test module in this directory is skipped, with the reason, when the machine cannot run
+it: not root, no ``containerd``/``runc``/``ctr`` binary, no static busybox, or the CRI stubs
+(``cri_api``, Python >= 3.10) are missing.
+
+Fixtures:
+  ``containerd``      session: a started ``PrivateContainerd`` (CNI bridge on, test images
+                      imported) under /tmp/anolisnuma-e2e-<pid> and /run/anolisnuma-e2e-<pid>;
+                      everything it created is removed at session end, even after failures.
+  ``kubelet_direct``  function: a ``KubeletLike`` on containerd's own socket; the pods and
+                      containers it created are removed after the test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from typing import Iterator, Optional
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # so test modules can `from cri_client import ...`
+    sys.path.insert(0, HERE)
+
+from anolisnuma.testing.containerd import PrivateContainerd, cleanup_dead_instances  # noqa: E402
+
+BASE_PREFIX = "/tmp/anolisnuma-e2e-"
+RUN_PREFIX = "/run/anolisnuma-e2e-"
+# containerd.log of the last session is copied here (the base dir itself is removed).
+LAST_LOG = "/tmp/anolisnuma-e2e-last-containerd.log"
+
+
+def _skip_reason() -> Optional[str]:
+    if os.geteuid() != 0:
+        return "end-to-end tests need root (containerd, cgroups, mounts)"
+    for binary in ("containerd", "ctr", "containerd-shim-runc-v2"):
+        if shutil.which(binary) is None:
+            return f"{binary} not found: run scripts/install-deps.sh"
+    if shutil.which("runc", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
+        return "runc not found: run scripts/install-deps.sh"
+    if not os.path.exists("/bin/busybox"):
+        return "/bin/busybox not found: install busybox-static"
+    if not os.path.isdir("/sys/fs/cgroup/cpu"):
+        return "needs the cgroup v1 hierarchies under /sys/fs/cgroup"
+    from cri_client import CRI_IMPORT_ERROR
+    if CRI_IMPORT_ERROR:
+        return CRI_IMPORT_ERROR
+    return None
+
+
+SKIP_REASON = _skip_reason()
+
+
+class _SkippedModule(pytest.Module):
+    def collect(self):  # type: ignore[override]
+        pytest.skip(SKIP_REASON or "", allow_module_level=True)
+
+
+def pytest_pycollect_makemodule(module_path, parent):  # type: ignore[no-untyped-def]
+    """Skip each test module here (instead of failing its import) when the machine lacks
+    what the end-to-end tests need."""
+    if SKIP_REASON is not None:
+        return _SkippedModule.from_parent(parent, path=module_path)
+    return None
+
+
+def pytest_configure(config):  # type: ignore[no-untyped-def]
+    config.addinivalue_line(
+        "markers", "containerd: needs the private real containerd started by the test harness")
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """Mark every test of this directory ``containerd`` (``-m "not containerd"`` skips them)."""
+    for item in items:
+        if str(item.path).startswith(HERE + os.sep):
+            item.add_marker(pytest.mark.containerd)
+
+
+@pytest.fixture(scope="session")
+def containerd() -> Iterator[PrivateContainerd]:
+    """A running private containerd (CNI on, images imported). ``.cold_start_s`` holds the
+    seconds it took from nothing to images imported."""
+    cleanup_dead_instances(BASE_PREFIX, RUN_PREFIX)  # leftovers of crashed sessions
+    pid = os.getpid()
+    pc = PrivateContainerd(f"{BASE_PREFIX}{pid}", f"{RUN_PREFIX}{pid}", cni=True)
+    try:
+        t0 = time.monotonic()
+        pc.start()
+        pc.import_images()
+        pc.cold_start_s = time.monotonic() - t0  # type: ignore[attr-defined]
+        yield pc
+    finally:
+        problems = pc.cleanup(save_log=LAST_LOG)
+        if problems:
+            print(f"\nprivate containerd cleanup problems: {problems}", file=sys.stderr)
+
+
+@pytest.fixture
+def kubelet_direct(containerd: PrivateContainerd):  # type: ignore[no-untyped-def]
+    """A KubeletLike on containerd's own socket; what it created is removed afterwards."""
+    from cri_client import KubeletLike
+
+    kl = KubeletLike(containerd.socket, harness=containerd)
+    try:
+        yield kl
+    finally:
+        errors = kl.cleanup()
+        kl.close()
+        if errors:
+            print(f"\nkubelet_direct cleanup errors: {errors}", file=sys.stderr)

@@ -1,0 +1,120 @@
+"""The private-containerd harness pieces that need neither root nor a running containerd."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import tarfile
+
+import pytest
+
+from anolisnuma.testing import containerd as harness
+from anolisnuma.testing import images
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+needs_busybox = pytest.mark.skipif(not os.path.exists(images.DEFAULT_BUSYBOX),
+                                   reason="static busybox (busybox-static) not installed")
+
+
+def _members(data: bytes) -> dict:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return {m.name: (m, tar.extractfile(m).read() if m.isfile() else None)
+                for m in tar.getmembers()}
+
+
+def test_layer_has_busybox_applet_links_and_a_pause_script():
+    # given a fake busybox binary and two applets
+    layer = images.build_layer(b"\x7fELF fake", ["sh", "sleep"])
+    # then the layer holds them with fixed owners and times
+    m = _members(layer)
+    assert m["bin/busybox"][1] == b"\x7fELF fake"
+    assert m["bin/sh"][0].issym() and m["bin/sh"][0].linkname == "busybox"
+    pause, body = m["pause"]
+    assert pause.mode == 0o755 and b"trap 'exit 0' TERM INT" in body
+    assert m["tmp"][0].mode == 0o1777
+    assert all(i.uid == 0 and i.gid == 0 and i.mtime == 0 for i, _ in m.values())
+
+
+def test_archive_is_deterministic_and_tags_both_images():
+    a = images.build_archive_bytes(b"bb", ["sh"])
+    assert a == images.build_archive_bytes(b"bb", ["sh"])
+    m = _members(a)
+    manifest = json.loads(m["manifest.json"][1])
+    assert [e["RepoTags"] for e in manifest] == [[images.PAUSE_IMAGE], [images.BUSYBOX_IMAGE]]
+    pause_cfg = json.loads(m[manifest[0]["Config"]][1])
+    busybox_cfg = json.loads(m[manifest[1]["Config"]][1])
+    assert pause_cfg["config"]["Entrypoint"] == ["/pause"]
+    assert busybox_cfg["config"]["Cmd"] == ["sh"]
+    layer_name = manifest[0]["Layers"][0]
+    assert layer_name == manifest[1]["Layers"][0]
+    import hashlib
+    assert pause_cfg["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(m[layer_name][1]).hexdigest()]
+
+
+@needs_busybox
+def test_archive_file_is_cached_by_content(tmp_path):
+    first = images.build_image_archive(str(tmp_path))
+    mtime = os.stat(first).st_mtime_ns
+    assert images.build_image_archive(str(tmp_path)) == first
+    assert os.stat(first).st_mtime_ns == mtime
+    assert "sh" in images.busybox_applets()
+
+
+def test_config_has_private_paths_and_the_settings_this_vm_needs(tmp_path):
+    pc = harness.PrivateContainerd(str(tmp_path / "base"), str(tmp_path / "run"), cni=True)
+    with open(pc.write_config(), "rb") as f:
+        cfg = tomllib.load(f)
+    assert cfg["root"] == str(tmp_path / "base" / "root")
+    assert cfg["state"] == str(tmp_path / "run" / "state")
+    assert cfg["grpc"]["address"] == pc.socket
+    cri = cfg["plugins"]["io.containerd.grpc.v1.cri"]
+    for key in ("restrict_oom_score_adj", "disable_apparmor", "disable_hugetlb_controller",
+                "tolerate_missing_hugetlb_controller", "netns_mounts_under_state_dir"):
+        assert cri[key] is True, key
+    assert cri["systemd_cgroup"] is False
+    assert cri["sandbox_image"] == images.PAUSE_IMAGE
+    assert (cri["stream_server_address"], cri["stream_server_port"]) == ("127.0.0.1", "0")
+    runc = cri["containerd"]["runtimes"]["runc"]["options"]
+    assert runc["SystemdCgroup"] is False and runc["Root"] == pc.runc_root
+    assert cri["cni"]["conf_dir"] == pc.cni_conf_dir
+    # and the CNI network stays on a private bridge
+    with open(os.path.join(pc.cni_conf_dir, "10-anolisnuma.conflist")) as f:
+        bridge = json.load(f)["plugins"][0]
+    assert bridge["bridge"] == pc.bridge and pc.bridge.startswith("anbr")
+    assert bridge["isGateway"] is False and bridge["ipMasq"] is False
+    assert bridge["ipam"]["dataDir"].startswith(str(tmp_path / "base"))
+    assert pc.subnet.startswith("10.254.") and pc.subnet.endswith(".0/24")
+
+
+def test_state_survives_a_new_process_view(tmp_path):
+    # given an instance that chose its bridge
+    pc = harness.PrivateContainerd(str(tmp_path / "b"), str(tmp_path / "r"), cni=True)
+    pc.write_config()
+    # then another object for the same dirs (e.g. `private-containerd stop`) sees it
+    again = harness.PrivateContainerd(str(tmp_path / "b"), str(tmp_path / "r"))
+    assert (again.bridge, again.subnet) == (pc.bridge, pc.subnet)
+    assert again.pid is None and not again.is_running()
+
+
+@pytest.mark.parametrize("bad", ["kubepods/x", "/kubepods/../etc", "/a//b", "/a b", "/", ""])
+def test_pod_cgroup_paths_must_be_plain_absolute(bad):
+    with pytest.raises(ValueError):
+        harness.make_pod_cgroup(bad)
+
+
+def test_cleanup_of_a_never_started_instance_only_removes_its_dirs(tmp_path):
+    base, run = tmp_path / "base", tmp_path / "run"
+    base.mkdir()
+    run.mkdir()
+    (base / "containerd.pid").write_text("1\n")  # stale pidfile pointing at an unrelated pid
+    pc = harness.PrivateContainerd(str(base), str(run))
+    assert pc.pid is None
+    assert pc.cleanup() == []
+    assert not base.exists() and not run.exists()
+    assert pc.cleanup() == []  # idempotent
