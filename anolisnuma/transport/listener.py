@@ -28,6 +28,7 @@ class UnixListener:
         self.mode = mode
         self.backlog = backlog
         self.sock: Optional[socket.socket] = None
+        self._inode: Optional[int] = None
         self._lock_fd: Optional[int] = None
 
     def open(self) -> socket.socket:
@@ -49,6 +50,7 @@ class UnixListener:
         finally:
             os.umask(old_umask)
         os.chmod(self.path, self.mode)
+        self._inode = os.stat(self.path).st_ino
         sock.listen(self.backlog)
         sock.setblocking(False)
         self.sock = sock
@@ -90,19 +92,18 @@ class UnixListener:
         raise ListenerError(f"another process is listening on {self.path}")
 
     def close(self) -> None:
-        """Stop listening and remove the socket file (only if it is still ours)."""
+        """Stop listening and remove the socket file (only if it is still the one we bound:
+        a newer instance may already have replaced it)."""
         if self.sock is not None:
-            try:
-                ours = os.stat(self.path).st_ino == os.fstat(self.sock.fileno()).st_ino or True
-            except OSError:
-                ours = False
             self.sock.close()
             self.sock = None
-            if ours:
-                try:
+        if self._inode is not None:
+            try:
+                if os.stat(self.path).st_ino == self._inode:
                     os.unlink(self.path)
-                except FileNotFoundError:
-                    pass
+            except FileNotFoundError:
+                pass
+            self._inode = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -112,3 +112,28 @@ def kubelet_direct(containerd: PrivateContainerd):  # type: ignore[no-untyped-de
         kl.close()
         if errors:
             print(f"\nkubelet_direct cleanup errors: {errors}", file=sys.stderr)
+
+
+@pytest.fixture
+def proxy(containerd: PrivateContainerd, tmp_path):  # type: ignore[no-untyped-def]
+    """anolisnuma (no policy hooks) running in this process in front of the private
+    containerd; ``.socket`` is where to connect, ``.daemon`` the Daemon object."""
+    from anolisnuma.testing.inprocess import InProcessProxy
+
+    with InProcessProxy.for_backend(containerd.socket, str(tmp_path)) as p:
+        yield p
+
+
+@pytest.fixture
+def kubelet(proxy, containerd: PrivateContainerd):  # type: ignore[no-untyped-def]
+    """A KubeletLike talking to containerd through the proxy."""
+    from cri_client import KubeletLike
+
+    kl = KubeletLike(proxy.socket, harness=containerd)
+    try:
+        yield kl
+    finally:
+        errors = kl.cleanup()
+        kl.close()
+        if errors:
+            print(f"\nkubelet cleanup errors: {errors}", file=sys.stderr)
