@@ -102,6 +102,7 @@ class Splice:
             d.max_header_list_size = 1 << 30
         self.header_block = {True: bytearray(), False: bytearray()}
         self.header_sid = {True: 0, False: 0}
+        self.header_end_stream = {True: False, False: False}
         self.streams: Dict[int, _Stream] = {}
         self.open_streams: set = set()
         self.max_sid = 0
@@ -109,7 +110,8 @@ class Splice:
         self.refused_sids: set = set()
         self.up_max_frame = h2.DEFAULT_MAX_FRAME_SIZE
         self.conn_debt = 0                    # conn-window credit containerd will give that the kubelet must not get
-        self.blind = False                    # HPACK state lost: relay bytes only, intercept nothing
+        self.blind = False                    # HPACK state lost: relay frames unread, intercept nothing
+        self.raw = False                      # not HTTP/2 at all: relay bytes
         self.closed = False
         self.idle_waiters: List[asyncio.Future] = []
 
@@ -143,7 +145,7 @@ class Splice:
         if self.up is None:  # reading is paused until then, but an event loop may deliver one read
             r.buf += data
             return
-        if self.blind:
+        if self.raw:
             self.up.write(bytes(r.buf) + data if r.buf else data)
             r.buf.clear()
             return
@@ -154,7 +156,9 @@ class Splice:
                 if len(r.buf) < len(h2.PREFACE):
                     return
                 if bytes(r.buf[:len(h2.PREFACE)]) != h2.PREFACE:
-                    self._go_blind("kubelet did not start with the HTTP/2 preface")
+                    log.error("client did not start with the HTTP/2 preface; relaying its bytes unread",
+                              conn=self.cid)
+                    self.raw = True
                     self.up.write(bytes(r.buf))
                     r.buf.clear()
                     return
@@ -228,7 +232,7 @@ class Splice:
             outcome.add_done_callback(lambda fut, st=st, body=body: self._decided(st, fut, body))
 
     def _decided(self, st: _Stream, fut: "asyncio.Future[Decision]", body: bytes) -> None:
-        if self.closed or not st.holding:
+        if self.closed or not st.holding or st.done:
             return
         try:
             decision = fut.result()
@@ -271,10 +275,11 @@ class Splice:
     def from_containerd(self, data: bytes) -> None:
         if self.closed:
             return
-        if self.blind:
-            self.down.write(data)
-            return
         r = self.c2k
+        if self.raw:
+            self.down.write(bytes(r.buf) + data if r.buf else data)
+            r.buf.clear()
+            return
         r.buf += data
         out: List[bytes] = []
         try:
@@ -341,6 +346,13 @@ class Splice:
         self.open_streams.discard(sid)
         st = self.streams.get(sid)
         if st is not None and not st.answered:
+            if st.holding:
+                # containerd answered before it got the request (e.g. UNIMPLEMENTED): the
+                # held bytes will never be sent, so the kubelet gets its window back.
+                st.holding = False
+                st.held = []
+                if st.held_flow:
+                    self._inject_down(h2.window_update(0, st.held_flow))
             self._finish(st)
         self._wake_idle()
 
@@ -352,6 +364,7 @@ class Splice:
             if ftype == h2.HEADERS:
                 block.clear()
                 self.header_sid[k2c] = sid
+                self.header_end_stream[k2c] = bool(flags & h2.FLAG_END_STREAM)
                 block += h2.strip_padding(flags, payload, h2.HEADERS)
             else:
                 block += payload
@@ -389,6 +402,8 @@ class Splice:
             if name == b":path":
                 path = value.decode("latin-1")
                 break
+        if self.header_end_stream[True]:
+            return  # no request body will follow: nothing to intercept
         call = self.interceptor.begin(path)
         if call is not None:
             self.streams[sid] = _Stream(sid, call)
@@ -423,7 +438,7 @@ class Splice:
         buf = r.buf
         pos = 0
         n = len(buf)
-        while pos < n and not self.closed and not self.blind:
+        while pos < n and not self.closed:
             if r.passing:
                 take = min(r.passing, n - pos)
                 out.append(bytes(buf[pos:pos + take]))
@@ -437,7 +452,7 @@ class Splice:
             if n - pos < h2.FRAME_HEADER_LEN:
                 break
             length, ftype, flags, sid = h2.parse_frame_header(buf, pos)
-            if streamable(ftype, sid):
+            if self.blind or streamable(ftype, sid):
                 # Forward as it comes: the header now, the payload as it arrives.
                 out.append(bytes(buf[pos:pos + h2.FRAME_HEADER_LEN]))
                 pos += h2.FRAME_HEADER_LEN
@@ -469,7 +484,13 @@ class Splice:
             r.pending.clear()
 
     def _after_passed_frame(self, r: _Reader, ftype: int, flags: int, sid: int) -> None:
-        """Bookkeeping for a streamed DATA frame once all of it went through."""
+        """Bookkeeping for a streamed frame once all of it went through."""
+        if self.blind:
+            # Frames are no longer read; only know where header blocks end, so that our own
+            # frames are never put inside one.
+            if ftype in (h2.HEADERS, h2.CONTINUATION):
+                r.in_header_block = not flags & h2.FLAG_END_HEADERS
+            return
         if flags & h2.FLAG_END_STREAM and r is self.c2k:
             self._server_done(sid)
 
@@ -490,16 +511,21 @@ class Splice:
         self._inject(self.c2k, self.down, data)
 
     def _go_blind(self, why: str) -> None:
-        log.error("HTTP/2 state lost; relaying this connection's bytes without interception",
+        """Stop reading this connection's frames and stop intercepting; keep relaying them.
+
+        Only reached if a header block cannot be decoded, which means our HPACK state no
+        longer matches the peers'. Framing is still followed, so frames stay whole.
+        """
+        log.error("HTTP/2 header state lost; relaying this connection without interception",
                   conn=self.cid, reason=why)
         self.blind = True
         for st in list(self.streams.values()):
-            if st.holding:
-                # Release the held request unchanged so the call is not lost.
-                body = b"".join(st.held)
+            if st.holding:  # release the held request unchanged so the call is not lost
                 st.holding = False
-                self._inject_up(b"".join(h2.data_frames(st.sid, body, self.up_max_frame, True)))
-            self._finish(st, aborted="connection relayed blind")
+                self._inject_up(b"".join(h2.data_frames(st.sid, b"".join(st.held), self.up_max_frame, True)))
+            self._finish(st, aborted="connection relayed without interception")
+        self.open_streams.clear()
+        self._wake_idle()
 
     # ---------------------------------------------------------------- shutdown
     def announce_shutdown(self) -> None:
