@@ -1,0 +1,393 @@
+"""Cgroup paths and files: the path rules for kubelet pods and containers, both cgroup
+drivers, cgroup v1 and v2, and small, fast file reads and writes with typed errors.
+
+Path rules (every path is built under the configured ``cgroup_root`` from validated IDs;
+nothing a pod supplies, other than a ``cgroup_parent`` that matches a known kubelet shape
+exactly, ever reaches a path):
+
+============  ==========================================  ===========================================
+driver        pod cgroup (``cgroup_parent``)              container cgroup
+============  ==========================================  ===========================================
+cgroupfs      ``/kubepods/burstable/pod<uid>``            ``<pod dir>/<container id>``
+              ``/kubepods/besteffort/pod<uid>``
+              ``/kubepods/pod<uid>`` (guaranteed)
+systemd       ``kubepods-burstable-pod<uid_>.slice``      ``<pod dir>/cri-containerd-<id>.scope``
+              ``kubepods-besteffort-pod<uid_>.slice``
+              ``kubepods-pod<uid_>.slice`` (guaranteed)
+============  ==========================================  ===========================================
+
+``<uid>`` is an RFC 4122 UID (``8-4-4-4-12`` hex digits) or the 32 hex digits the kubelet
+gives static pods; the systemd driver writes its dashes as underscores (``<uid_>``) and
+expands the slice to ``kubepods.slice/kubepods-burstable.slice/<slice>``. Container IDs are
+64 lowercase hex digits.
+
+cgroup v1 has one hierarchy per controller: ``<root>/<controller>/<dir>``; cgroup v2 one
+unified tree: ``<root>/<dir>``, detected by ``<root>/cgroup.controllers``.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from anolisnuma.system.knobs import Knob
+
+CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
+_HEX = "[0-9a-fA-F]"
+_UUID = "-".join(f"{_HEX}{{{n}}}" for n in (8, 4, 4, 4, 12))
+_UUID_SYSTEMD = "_".join(f"{_HEX}{{{n}}}" for n in (8, 4, 4, 4, 12))
+_STATIC_UID = f"{_HEX}{{32}}"
+POD_UID_RE = re.compile(f"(?:{_UUID}|{_STATIC_UID})")
+
+_CGROUPFS_RE = re.compile(
+    f"/?kubepods(?:/(?P<cls>burstable|besteffort))?/pod(?P<uid>{_UUID}|{_STATIC_UID})")
+_SYSTEMD_LEAF_RE = re.compile(
+    f"kubepods(?:-(?P<cls>burstable|besteffort))?-pod(?P<uid>{_UUID_SYSTEMD}|{_STATIC_UID})\\.slice")
+
+# Cap on what we read from one cgroup file: enough for every value file we read and for
+# the task lists of any container; longer files are read in further chunks.
+_READ_CHUNK = 65536
+
+
+class Driver(str, enum.Enum):
+    CGROUPFS = "cgroupfs"
+    SYSTEMD = "systemd"
+
+
+class KubeQosClass(str, enum.Enum):
+    GUARANTEED = "guaranteed"
+    BURSTABLE = "burstable"
+    BESTEFFORT = "besteffort"
+
+
+# The kubelet's QoS-class directories, per driver. The guaranteed level is ``kubepods``
+# itself: guaranteed pods sit directly under it.
+QOS_CLASS_DIRS: Dict[Driver, Dict[KubeQosClass, str]] = {
+    Driver.CGROUPFS: {
+        KubeQosClass.GUARANTEED: "kubepods",
+        KubeQosClass.BURSTABLE: "kubepods/burstable",
+        KubeQosClass.BESTEFFORT: "kubepods/besteffort",
+    },
+    Driver.SYSTEMD: {
+        KubeQosClass.GUARANTEED: "kubepods.slice",
+        KubeQosClass.BURSTABLE: "kubepods.slice/kubepods-burstable.slice",
+        KubeQosClass.BESTEFFORT: "kubepods.slice/kubepods-besteffort.slice",
+    },
+}
+
+
+# ------------------------------------------------------------------------------- errors
+
+class HostFileError(Exception):
+    """A host file could not be read or written; ``path`` names it."""
+
+    def __init__(self, path: str, message: str, err: Optional[int] = None) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+        self.errno = err
+
+
+class FileGone(HostFileError):
+    """The file's directory does not exist (the pod or container was removed)."""
+
+
+class KnobFileMissing(HostFileError):
+    """The directory exists but the file does not (the kernel lacks the knob there)."""
+
+
+class WriteRefused(HostFileError):
+    """The kernel refused the write (EACCES, EPERM, EINVAL, EROFS, EBUSY, ...)."""
+
+
+class ReadFailed(HostFileError):
+    """The file exists but could not be read or did not hold what was expected."""
+
+
+class InvalidCgroupPath(ValueError):
+    """A ``cgroup_parent`` or container ID that matches none of the known shapes."""
+
+
+# ------------------------------------------------------------------------ file helpers
+
+def read_text(path: str) -> str:
+    """The whole content of a small kernel file.
+
+    Raises :class:`FileGone` when the file or its directory is absent, :class:`ReadFailed`
+    for any other error.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise FileGone(path, "does not exist", e.errno) from None
+        raise ReadFailed(path, f"cannot open: {e.strerror}", e.errno) from None
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, _READ_CHUNK)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if len(chunk) < 4096 and len(chunks) == 1:
+                # A short first answer is the whole file (value files are a few bytes);
+                # skip the extra read. Longer ones (task lists) are read to EOF.
+                break
+    except OSError as e:
+        if e.errno == errno.ENODEV:  # cgroup removed while open
+            raise FileGone(path, "removed while reading", e.errno) from None
+        raise ReadFailed(path, f"cannot read: {e.strerror}", e.errno) from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("ascii", "replace")
+
+
+def read_int(path: str) -> int:
+    """The integer a knob file holds; raises like :func:`read_text`, or
+    :class:`ReadFailed` if the content is not one integer."""
+    text = read_text(path)
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ReadFailed(path, f"does not hold an integer: {text[:40]!r}") from None
+
+
+def write_text(path: str, value: str) -> None:
+    """Write ``value`` to an existing kernel file (never creates it).
+
+    Raises :class:`FileGone` when the directory is absent, :class:`KnobFileMissing` when only
+    the file is, :class:`WriteRefused` when the kernel refuses the value or the file.
+    """
+    data = value.encode("ascii")
+    try:
+        # O_TRUNC is what a shell's ">" does: kernel files ignore it, regular files (fake
+        # trees) need it so a shorter value does not leave the tail of a longer one.
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+    except OSError as e:
+        raise _write_error(path, e) from None
+    try:
+        os.write(fd, data)
+    except OSError as e:
+        raise _write_error(path, e) from None
+    finally:
+        os.close(fd)
+
+
+def append_lines(path: str, values: List[str]) -> List[Tuple[str, int]]:
+    """Write each of ``values`` to ``path`` with its own ``write()`` (what ``tasks`` files
+    need: one ID per write). Returns ``(value, errno)`` for the values the kernel refused
+    (e.g. ESRCH for a thread that exited); raises like :func:`write_text` when the file
+    cannot be opened at all."""
+    failed: List[Tuple[str, int]] = []
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+    except OSError as e:
+        raise _write_error(path, e) from None
+    try:
+        for v in values:
+            try:
+                os.write(fd, (v + "\n").encode("ascii"))
+            except OSError as e:
+                failed.append((v, e.errno or 0))
+    finally:
+        os.close(fd)
+    return failed
+
+
+def _write_error(path: str, e: OSError) -> HostFileError:
+    if e.errno == errno.ENOENT:
+        if os.path.isdir(os.path.dirname(path)):
+            return KnobFileMissing(path, "file does not exist", e.errno)
+        return FileGone(path, "directory does not exist", e.errno)
+    if e.errno == errno.ENODEV:
+        return FileGone(path, "cgroup removed", e.errno)
+    return WriteRefused(path, f"write refused: {e.strerror} (errno {e.errno})", e.errno)
+
+
+# --------------------------------------------------------------------------- path rules
+
+@dataclass(frozen=True)
+class PodCgroup:
+    """Where a pod's cgroup is, relative to each hierarchy root."""
+
+    driver: Driver
+    kube_class: KubeQosClass
+    uid: str            # with dashes when it has them
+    rel: str            # e.g. "kubepods/burstable/pod<uid>"
+
+    def container_rel(self, container_id: str) -> str:
+        """The container's directory relative to a hierarchy root.
+
+        Raises :class:`InvalidCgroupPath` unless ``container_id`` is 64 lowercase hex digits.
+        """
+        check_container_id(container_id)
+        if self.driver is Driver.SYSTEMD:
+            return f"{self.rel}/cri-containerd-{container_id}.scope"
+        return f"{self.rel}/{container_id}"
+
+
+def check_container_id(container_id: str) -> str:
+    if not isinstance(container_id, str) or not CONTAINER_ID_RE.fullmatch(container_id):
+        raise InvalidCgroupPath(f"not a container ID: {preview(container_id)}")
+    return container_id
+
+
+def parse_cgroup_parent(cgroup_parent: str) -> PodCgroup:
+    """Map a kubelet ``cgroup_parent`` to its pod cgroup.
+
+    Accepts only the kubelet shapes listed in the module docstring (for systemd also the
+    expanded ``/kubepods.slice/.../<slice>`` form). Raises :class:`InvalidCgroupPath`
+    for anything else.
+    """
+    if not isinstance(cgroup_parent, str) or len(cgroup_parent) > 256:
+        raise InvalidCgroupPath(f"cgroup_parent not recognized: {preview(cgroup_parent)}")
+    m = _CGROUPFS_RE.fullmatch(cgroup_parent)
+    if m:
+        cls = _kube_class(m.group("cls"))
+        uid = m.group("uid")
+        return PodCgroup(Driver.CGROUPFS, cls, uid, f"{QOS_CLASS_DIRS[Driver.CGROUPFS][cls]}/pod{uid}")
+    leaf = cgroup_parent
+    expanded = "/" in cgroup_parent
+    if expanded:
+        leaf = cgroup_parent.rstrip("/").rsplit("/", 1)[-1]
+    m = _SYSTEMD_LEAF_RE.fullmatch(leaf)
+    if m:
+        cls = _kube_class(m.group("cls"))
+        rel = f"{QOS_CLASS_DIRS[Driver.SYSTEMD][cls]}/{leaf}"
+        if expanded and cgroup_parent.strip("/") != rel:
+            raise InvalidCgroupPath(f"cgroup_parent not recognized: {preview(cgroup_parent)}")
+        return PodCgroup(Driver.SYSTEMD, cls, m.group("uid").replace("_", "-"), rel)
+    raise InvalidCgroupPath(f"cgroup_parent not recognized: {preview(cgroup_parent)}")
+
+
+def pod_cgroup_for(driver: Driver, kube_class: KubeQosClass, uid: str) -> PodCgroup:
+    """The pod cgroup the kubelet makes for ``uid`` (raises :class:`InvalidCgroupPath` for
+    a malformed UID)."""
+    if not isinstance(uid, str) or not POD_UID_RE.fullmatch(uid):
+        raise InvalidCgroupPath(f"not a pod UID: {preview(uid)}")
+    base = QOS_CLASS_DIRS[driver][kube_class]
+    if driver is Driver.SYSTEMD:
+        prefix = "kubepods" if kube_class is KubeQosClass.GUARANTEED else f"kubepods-{kube_class.value}"
+        return PodCgroup(driver, kube_class, uid, f"{base}/{prefix}-pod{uid.replace('-', '_')}.slice")
+    return PodCgroup(driver, kube_class, uid, f"{base}/pod{uid}")
+
+
+def _kube_class(group: Optional[str]) -> KubeQosClass:
+    return KubeQosClass(group) if group else KubeQosClass.GUARANTEED
+
+
+def preview(value: object, limit: int = 64) -> str:
+    """A printable, bounded rendering of an untrusted value for log lines: non-ASCII,
+    control characters, NUL and lone surrogates are escaped, long values cut."""
+    if isinstance(value, str) and len(value) > limit:
+        return ascii(value[:limit]) + f"...({len(value)} chars)"
+    if isinstance(value, (bytes, bytearray)) and len(value) > limit:
+        return ascii(bytes(value[:limit])) + f"...({len(value)} bytes)"
+    return ascii(value)
+
+
+# ----------------------------------------------------------------------- the hierarchy
+
+class CgroupFs:
+    """A cgroup mount (v1: the directory holding one mount per controller; v2: the unified
+    mount). All paths it hands out are under ``root``."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.version = 2 if os.path.exists(os.path.join(self.root, "cgroup.controllers")) else 1
+
+    def dir(self, controller: str, rel: str) -> str:
+        """Absolute directory of ``rel`` in ``controller``'s hierarchy (``rel`` "" = root)."""
+        base = self.root if self.version == 2 else os.path.join(self.root, controller)
+        return os.path.join(base, rel) if rel else base
+
+    def knob_path(self, knob: Knob, rel: str) -> str:
+        if self.version == 2:
+            return os.path.join(self.dir("", rel), knob.v2_name)
+        return os.path.join(self.dir(knob.controller, rel), knob.name)
+
+    def exists(self, rel: str, controller: str = "cpu") -> bool:
+        return os.path.isdir(self.dir(controller, rel))
+
+    def knob_missing_reason(self, knob: Knob, probe_cgroup: bool = True) -> Optional[str]:
+        """``None`` when ``knob``'s file exists at the hierarchy root or in a ``kubepods``
+        directory of either driver; else why it counts as unsupported.
+
+        Some Anolis files exist only on non-root cgroups. When no ``kubepods`` directory
+        exists yet (the daemon starts before the kubelet), and ``probe_cgroup`` allows it, a
+        temporary empty cgroup ``anolisnuma-probe-<pid>`` is made to look, and removed.
+        """
+        base = self.dir(knob.controller, "")
+        if not os.path.isdir(base):
+            return (f"controller {knob.controller} not mounted at {base}" if self.version == 1
+                    else f"no cgroup v2 tree at {base}")
+        candidates = [""] + [r for r in ("kubepods", "kubepods.slice")
+                             if os.path.isdir(self.dir(knob.controller, r))]
+        for rel in candidates:
+            if os.path.exists(self.knob_path(knob, rel)):
+                return None
+        if len(candidates) == 1 and probe_cgroup:
+            present = self._probe_listing(knob.controller)
+            if present is not None:
+                name = knob.v2_name if self.version == 2 else knob.name
+                return None if name in present else f"{knob.name} not in a new cgroup under {base}"
+        return f"{self.knob_path(knob, '')} does not exist"
+
+    def _probe_listing(self, controller: str) -> Optional[frozenset]:
+        cache = self.__dict__.setdefault("_probe_cache", {})
+        key = controller if self.version == 1 else ""
+        if key not in cache:
+            path = self.dir(controller, f"anolisnuma-probe-{os.getpid()}")
+            try:
+                os.mkdir(path)
+            except OSError:
+                cache[key] = None
+            else:
+                try:
+                    cache[key] = frozenset(os.listdir(path))
+                finally:
+                    try:
+                        os.rmdir(path)
+                    except OSError:
+                        pass
+        return cache[key]
+
+    def drivers_present(self) -> List[Driver]:
+        """The cgroup drivers whose ``kubepods`` directory exists now."""
+        return [d for d in Driver if self.exists(QOS_CLASS_DIRS[d][KubeQosClass.GUARANTEED])]
+
+    def locate_pod(self, uid: str) -> Optional[PodCgroup]:
+        """Find the pod cgroup of ``uid`` among the six places the kubelet may have made it
+        (for pods recorded without a ``cgroup_parent``). ``None`` if it is nowhere."""
+        for driver in Driver:
+            for cls in KubeQosClass:
+                try:
+                    pc = pod_cgroup_for(driver, cls, uid)
+                except InvalidCgroupPath:
+                    return None
+                if self.exists(pc.rel) or self.exists(pc.rel, "memory"):
+                    return pc
+        return None
+
+    def task_ids_path(self, rel: str) -> str:
+        """The file that lists every thread of the cgroup ``rel``."""
+        if self.version == 2:
+            return os.path.join(self.dir("", rel), "cgroup.threads")
+        return os.path.join(self.dir("cpu", rel), "tasks")
+
+    def task_ids(self, rel: str) -> List[str]:
+        """Thread IDs in the cgroup ``rel`` as decimal strings (v1 ``tasks``; v2
+        ``cgroup.threads``, or ``cgroup.procs`` where threads are not listed).
+        Raises :class:`FileGone` if the cgroup is absent."""
+        path = self.task_ids_path(rel)
+        try:
+            text = read_text(path)
+        except FileGone:
+            if self.version == 2 and os.path.isdir(self.dir("", rel)):
+                text = read_text(os.path.join(self.dir("", rel), "cgroup.procs"))
+            else:
+                raise
+        return text.split()

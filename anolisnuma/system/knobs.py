@@ -1,0 +1,187 @@
+"""Every kernel file the QoS policies touch, as one table of data.
+
+Each :class:`Knob` says where the file lives (cgroup v1 controller and file name, cgroup v2
+file name, or a path under ``/proc/sys``), which values the kernel accepts, and which
+QoS feature it belongs to. Support checks, range validation and the v1/v2 split use this
+table and nothing else: a hook never spells a file name itself.
+
+Support is detected once at start (:func:`probe_support`): a cgroup knob is supported when
+its file exists in the hierarchy root or in a ``kubepods`` directory (some Anolis files are
+not created on the root cgroup; before the kubelet made ``kubepods``, a temporary empty
+cgroup is made to look), a sysctl when its file exists under ``/proc/sys``, resctrl
+when the filesystem is mounted with the resource's ``info`` directory. Unsupported knobs are
+logged once and then skipped; they are never an error.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from anolisnuma.system.cgroups import CgroupFs
+    from anolisnuma.system.resctrl import ResctrlFs
+    from anolisnuma.system.sysctl import Sysctls
+
+
+class KnobKind(str, enum.Enum):
+    CGROUP = "cgroup"
+    SYSCTL = "sysctl"
+    RESCTRL = "resctrl"
+
+
+@dataclass(frozen=True)
+class ValueRange:
+    """Inclusive integer range the kernel accepts for a knob."""
+
+    low: int
+    high: int
+
+    def check(self, value: int) -> Optional[str]:
+        """``None`` when ``value`` is valid, else what is wrong with it."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be an integer, not {type(value).__name__}"
+        if not self.low <= value <= self.high:
+            return f"must be in {self.low}..{self.high}; got {value}"
+        return None
+
+    def __str__(self) -> str:
+        return f"{self.low}..{self.high}"
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One kernel file.
+
+    ``name`` identifies the knob in logs and in :class:`KnobSupport`; for cgroup knobs it is
+    the v1 file name. ``controller`` is the v1 hierarchy the file lives in, ``v2_name`` the
+    file name in the unified tree. For sysctls ``sysctl_path`` is relative to
+    ``<proc_root>/sys``; for resctrl entries ``resctrl_info`` is the ``info`` sub-directory
+    whose presence means support.
+    """
+
+    name: str
+    kind: KnobKind
+    feature: str
+    valid: Optional[ValueRange] = None
+    controller: str = ""
+    v2_name: str = ""
+    sysctl_path: str = ""
+    resctrl_info: str = ""
+    doc: str = ""
+
+
+CPU_BVT_WARP_NS = Knob(
+    "cpu.bvt_warp_ns", KnobKind.CGROUP, "group_identity", ValueRange(-1, 2),
+    controller="cpu", v2_name="cpu.bvt_warp_ns",
+    doc="group identity: 2/1 high class, 0 normal, -1 underclass (Anolis kernels)")
+MEMORY_PRIORITY = Knob(
+    "memory.priority", KnobKind.CGROUP, "oom_priority", ValueRange(0, 12),
+    controller="memory", v2_name="memory.priority",
+    doc="OOM priority among siblings; higher survives longer")
+MEMORY_USE_PRIORITY_OOM = Knob(
+    "memory.use_priority_oom", KnobKind.CGROUP, "oom_priority", ValueRange(0, 1),
+    controller="memory", v2_name="memory.use_priority_oom",
+    doc="1 = pick OOM victims by memory.priority (on the root memcg: for global OOM)")
+MEMORY_WMARK_RATIO = Knob(
+    "memory.wmark_ratio", KnobKind.CGROUP, "async_reclaim", ValueRange(0, 100),
+    controller="memory", v2_name="memory.wmark_ratio",
+    doc="async reclaim starts at this percentage of the memory limit; 0 = off")
+MEMORY_WMARK_SCALE_FACTOR = Knob(
+    "memory.wmark_scale_factor", KnobKind.CGROUP, "async_reclaim", ValueRange(1, 1000),
+    controller="memory", v2_name="memory.wmark_scale_factor",
+    doc="distance between the high and low watermarks, in 1/10000 of the limit")
+MEMORY_WMARK_MIN_ADJ = Knob(
+    "memory.wmark_min_adj", KnobKind.CGROUP, "async_reclaim", ValueRange(-25, 50),
+    controller="memory", v2_name="memory.wmark_min_adj",
+    doc="global min watermark adjustment: negative protects, positive throttles")
+
+SCHED_GROUP_IDENTITY_ENABLED = Knob(
+    "kernel.sched_group_identity_enabled", KnobKind.SYSCTL, "group_identity", ValueRange(0, 1),
+    sysctl_path="kernel/sched_group_identity_enabled",
+    doc="newer Alinux kernels apply cpu.bvt_warp_ns only while this is 1")
+SCHED_CORE = Knob(
+    "kernel.sched_core", KnobKind.SYSCTL, "group_identity", ValueRange(0, 1),
+    sysctl_path="kernel/sched_core",
+    doc="core scheduling; read only: while it is 1 the kernel conflicts with bvt -1")
+
+RESCTRL_L3 = Knob(
+    "resctrl.L3", KnobKind.RESCTRL, "resctrl", resctrl_info="L3",
+    doc="L3 cache allocation (Intel CAT, AMD L3 QoS, ARM MPAM cache portions)")
+RESCTRL_MB = Knob(
+    "resctrl.MB", KnobKind.RESCTRL, "resctrl", resctrl_info="MB",
+    doc="memory bandwidth allocation (Intel MBA, AMD MBA, ARM MPAM bandwidth)")
+
+CGROUP_KNOBS: Tuple[Knob, ...] = (
+    CPU_BVT_WARP_NS, MEMORY_PRIORITY, MEMORY_USE_PRIORITY_OOM,
+    MEMORY_WMARK_RATIO, MEMORY_WMARK_SCALE_FACTOR, MEMORY_WMARK_MIN_ADJ,
+)
+SYSCTL_KNOBS: Tuple[Knob, ...] = (SCHED_GROUP_IDENTITY_ENABLED, SCHED_CORE)
+RESCTRL_KNOBS: Tuple[Knob, ...] = (RESCTRL_L3, RESCTRL_MB)
+ALL_KNOBS: Tuple[Knob, ...] = CGROUP_KNOBS + SYSCTL_KNOBS + RESCTRL_KNOBS
+BY_NAME: Dict[str, Knob] = {k.name: k for k in ALL_KNOBS}
+
+# The Anolis cgroup files a fake kernel creates, with the values a fresh cgroup shows.
+ANOLIS_CGROUP_DEFAULTS: Dict[str, int] = {
+    CPU_BVT_WARP_NS.name: 0,
+    MEMORY_PRIORITY.name: 0,
+    MEMORY_USE_PRIORITY_OOM.name: 0,
+    MEMORY_WMARK_RATIO.name: 0,
+    MEMORY_WMARK_SCALE_FACTOR.name: 50,
+    MEMORY_WMARK_MIN_ADJ.name: 0,
+}
+
+
+@dataclass
+class KnobSupport:
+    """Result of the start-up probe: which knobs this kernel has, and why not the others."""
+
+    supported: Dict[str, Knob]
+    unsupported: Dict[str, str]   # knob name -> reason
+
+    def has(self, knob: Knob) -> bool:
+        return knob.name in self.supported
+
+    @classmethod
+    def everything(cls) -> "KnobSupport":
+        """All knobs supported (for tests of pure code)."""
+        return cls({k.name: k for k in ALL_KNOBS}, {})
+
+    @classmethod
+    def only(cls, knobs: Iterable[Knob]) -> "KnobSupport":
+        present = {k.name: k for k in knobs}
+        return cls(present, {k.name: "not present" for k in ALL_KNOBS if k.name not in present})
+
+    def report_lines(self) -> List[Tuple[str, str]]:
+        """``(knob name, reason)`` for each unsupported knob, in table order."""
+        return [(k.name, self.unsupported[k.name]) for k in ALL_KNOBS if k.name in self.unsupported]
+
+
+def probe_support(cgroups: "CgroupFs", sysctls: "Sysctls",
+                  resctrl: Optional["ResctrlFs"] = None, probe_cgroup: bool = True) -> KnobSupport:
+    """Look once at the kernel and sort every knob into supported / unsupported.
+
+    ``probe_cgroup`` lets the cgroup check make (and remove) a temporary empty cgroup when
+    no ``kubepods`` directory exists yet (see :meth:`CgroupFs.knob_missing_reason`); a dry
+    run passes ``False``. Never raises: a knob whose check fails for any reason is
+    unsupported with that reason.
+    """
+    supported: Dict[str, Knob] = {}
+    unsupported: Dict[str, str] = {}
+    for knob in ALL_KNOBS:
+        try:
+            if knob.kind is KnobKind.CGROUP:
+                reason = cgroups.knob_missing_reason(knob, probe_cgroup)
+            elif knob.kind is KnobKind.SYSCTL:
+                reason = sysctls.missing_reason(knob)
+            else:
+                reason = ("resctrl not configured" if resctrl is None
+                          else resctrl.missing_reason(knob.resctrl_info))
+        except OSError as e:  # pragma: no cover - a probe that cannot even stat
+            reason = f"probe failed: {e.strerror or e}"
+        if reason is None:
+            supported[knob.name] = knob
+        else:
+            unsupported[knob.name] = reason
+    return KnobSupport(supported, unsupported)
