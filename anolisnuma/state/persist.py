@@ -21,12 +21,19 @@ log = structlog.get_logger("anolisnuma.state")
 
 def atomic_write_json(path: str, data: Any) -> None:
     """Replace ``path`` with ``data`` as JSON, atomically and durably."""
+    # json.dumps uses the C encoder; json.dump to a file object does not (4x slower).
+    atomic_write_bytes(path, json.dumps(data, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename,
+    fsync of the directory."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o700, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, separators=(",", ":"), sort_keys=True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
