@@ -19,6 +19,7 @@ from anolisnuma.config import Config
 from anolisnuma.cri.client import CriClient
 from anolisnuma.pipeline.hooks import Hook
 from anolisnuma.pipeline.interceptor import Interceptor
+from anolisnuma.reconcile.numa import CpusetRepinner
 from anolisnuma.reconcile.startup import resync_store
 from anolisnuma.state.store import Store
 from anolisnuma.transport.listener import UnixListener
@@ -58,6 +59,7 @@ class Daemon:
         self.listener = UnixListener(config.server.listen, config.server.socket_mode)
         self._stop: Optional[asyncio.Event] = None
         self._resync_task: Optional[asyncio.Task] = None
+        self._background: List[object] = []
         self.resynced = False
 
     async def run(self) -> int:
@@ -102,6 +104,13 @@ class Daemon:
                     await loop.run_in_executor(self.executor, hook.start)
                 except Exception as e:
                     log.error("hook could not start; it stays passive", hook=hook.name, error=repr(e))
+                    continue
+                if hasattr(hook, "pending_updates"):
+                    repinner = CpusetRepinner(hook, CriClient(self.config.runtime.endpoint,
+                                                              self.config.runtime.max_message_bytes))
+                    await loop.run_in_executor(self.executor, repinner.run_once)
+                    repinner.start()
+                    self._background.append(repinner)
             self.resynced = True
         finally:
             client.close()
@@ -114,6 +123,8 @@ class Daemon:
         left = await self.relay.drain(grace)
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_task.cancel()
+        for task in self._background:
+            task.close()
         for hook in self.hooks:
             try:
                 hook.close()
