@@ -209,7 +209,7 @@ class QosHook(Hook):
                          cgroup=cgroup, targets=self.applier.pod_targets(cgroup, plan.pod),
                          container_settings=plan.container, llc_group=llc_group,
                          sandbox_ids={sandbox_id} if sandbox_id else set())
-        self.log.info("qos level", pod=ref, level=decision.level.value, source=decision.source,
+        self.log.info("qos level", pod=ref, qos_level=decision.level.value, source=decision.source,
                       why=decision.why, cgroup=cgroup.rel, llc_group=llc_group,
                       dry_run=self.cfg.dry_run)
         self.applier.log_sched_core_skips(pod.targets, ref)

@@ -390,7 +390,7 @@ def test_dry_run_logs_decisions_and_writes_nothing(node):
     would = [e for e in logs if e["event"].startswith("dry run")]
     assert {e.get("knob") for e in would if "knob" in e} >= set(POD["BE"]) | {"kernel.sched_group_identity_enabled"}
     assert any(e["event"] == "dry run: would create resctrl group" for e in would)
-    assert any(e["event"] == "qos level" and e["level"] == "BE" for e in logs)
+    assert any(e["event"] == "qos level" and e["qos_level"] == "BE" for e in logs)
 
 
 # ------------------------------------------------------------------ resctrl

@@ -65,9 +65,9 @@ class LevelDecision:
 def normalize_choice(value: object, choices: Iterable[str]) -> Optional[str]:
     """The member of ``choices`` that ``value`` names case-insensitively, else ``None``.
     Non-strings, over-long strings and strings with NUL or other junk never match."""
-    if not isinstance(value, str) or len(value) > _MAX_VALUE_LEN:
-        return None
-    v = value.strip().upper()
+    if not isinstance(value, str) or len(value) > _MAX_VALUE_LEN or not value.isascii():
+        return None  # ASCII only: Unicode case folding would accept look-alikes ("lſe")
+    v = value.strip(" \t\r\n").upper()
     for c in choices:
         if v == c.upper():
             return c
