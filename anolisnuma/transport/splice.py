@@ -295,8 +295,8 @@ class Splice:
         if ftype in (h2.HEADERS, h2.CONTINUATION):
             out.append(raw)
             self._header_fragment(False, ftype, flags, sid, payload)
-            if flags & h2.FLAG_END_STREAM and ftype == h2.HEADERS:
-                self._server_done(sid)
+            if flags & h2.FLAG_END_HEADERS and self.header_end_stream[False]:  # whole trailers read
+                self._server_done(self.header_sid[False])
             return
         st = self.streams.get(sid)
         if ftype == h2.DATA:
