@@ -49,7 +49,7 @@ class Daemon:
         self.config = config
         self.store = Store(config.paths.state_dir)
         self.hooks = build_hooks(config) if hooks is None else hooks
-        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hook")
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hook")
         self.interceptor = Interceptor(self.hooks, config.hooks, self.store, self.executor,
                                        max_message_bytes=config.server.max_message_bytes)
         self.interceptor.set_debug(config.log.level == "debug")

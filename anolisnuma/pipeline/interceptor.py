@@ -27,6 +27,9 @@ from anolisnuma.state.store import Store
 
 log = structlog.get_logger("anolisnuma.pipeline")
 
+# Calls of one hook allowed to run on past their budget before the hook is skipped.
+MAX_OVERRUNNING = 2
+
 # log messages in the anolisbox style: "<what> request from kubelet" / "... reply from containerd"
 _WORDS = {
     H.RUN_POD_SANDBOX: "run pod sandbox", H.STOP_POD_SANDBOX: "stop pod sandbox",
@@ -63,12 +66,13 @@ class Interceptor:
         self.config = config
         self.store = store
         self.max_message_bytes = max_message_bytes
-        self.executor = executor or ThreadPoolExecutor(max_workers=4, thread_name_prefix="hook")
+        self.executor = executor or ThreadPoolExecutor(max_workers=8, thread_name_prefix="hook")
         self.counters = Counters()
         self._pre = {m: [h for h in self.hooks if h.wants_pre(m)] for m in methods.INTERCEPTED}
         self._post = {m: [h for h in self.hooks if h.wants_post(m)] for m in methods.INTERCEPTED}
         self._pod_locks: Dict[str, asyncio.Lock] = {}
         self._skip_keys = tuple(config.skip_keys)
+        self._overrunning: Dict[str, int] = {}
         self._debug = False
 
     def set_debug(self, enabled: bool) -> None:
@@ -83,7 +87,10 @@ class Interceptor:
             return None
         return PipelineCall(spec)
 
-    def on_request(self, pc: PipelineCall, body: bytes) -> Union[Decision, "asyncio.Future[Decision]"]:
+    def on_request(self, pc: PipelineCall, body: bytes,
+                   may_edit: bool = True) -> Union[Decision, "asyncio.Future[Decision]"]:
+        """Decide what to forward for a complete request. ``may_edit=False``: the relay
+        already forwarded it (too large to hold); it is only recorded and logged."""
         forward = Decision.forward(body)
         request = self._decode(pc, body, pc.spec.request, "request")
         if request is None:
@@ -94,16 +101,18 @@ class Interceptor:
         pc.call = call
         pc.log = log.bind(**describe(call))
         pc.skip_hooks = self._opted_out(call)
-        pc.log.info(f"{_WORDS[pc.method]} request from kubelet", hooks="skipped (pod opted out)"
-                    if pc.skip_hooks else None)
-        pre = [] if pc.skip_hooks else self._pre[pc.method]
+        if pc.skip_hooks:
+            note = "skipped (pod opted out)"
+        elif not may_edit:
+            note = "pre-hooks skipped (request too large to hold; forwarded unchanged)"
+            self.counters.add("requests_too_large_to_hold")
+        else:
+            note = None
+        pc.log.info(f"{_WORDS[pc.method]} request from kubelet", hooks=note)
+        pre = [] if pc.skip_hooks or not may_edit else self._pre[pc.method]
         if not pre:
             return forward
         return asyncio.ensure_future(self._run_pre(pc, pre, body))
-
-    def on_request_skipped(self, pc: PipelineCall, why: str) -> None:
-        self.counters.add("requests_not_intercepted")
-        log.warning("request not intercepted", method=pc.method, reason=why)
 
     def on_reply(self, pc: PipelineCall, body: Optional[bytes], status: int, message: str,
                  answered_by_proxy: bool = False) -> None:
@@ -168,18 +177,30 @@ class Interceptor:
                 await self._run_hook(pc, hook, "post", call)
 
     async def _run_hook(self, pc: PipelineCall, hook: H.Hook, stage: str, call: H.Call) -> Optional[BaseException]:
-        """Run one hook stage within its budget; the error it raised (or a timeout), else None."""
+        """Run one hook stage within its budget; the error it raised (or a timeout), else None.
+
+        A hook call that overruns its budget cannot be stopped (it is a thread); while
+        ``MAX_OVERRUNNING`` of a hook's calls are still running, its next calls fail at once
+        instead of taking more worker threads from everyone else.
+        """
         budget = self.config.settings(hook.name).budget_seconds
         fn = hook.pre if stage == "pre" else hook.post
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        try:
-            await asyncio.wait_for(loop.run_in_executor(self.executor, fn, call), budget)
-        except asyncio.TimeoutError:
-            error: BaseException = TimeoutError(f"exceeded its budget of {budget:g}s")
-        except Exception as e:  # a hook must never take the proxy down
-            error = e
+        error: Optional[BaseException] = None
+        if self._overrunning.get(hook.name, 0) >= MAX_OVERRUNNING:
+            error = TimeoutError(f"earlier calls still run past the budget of {budget:g}s; not called")
         else:
+            fut = loop.run_in_executor(self.executor, fn, call)
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), budget)
+            except asyncio.TimeoutError:
+                error = TimeoutError(f"exceeded its budget of {budget:g}s")
+                self._overrunning[hook.name] = self._overrunning.get(hook.name, 0) + 1
+                fut.add_done_callback(lambda _f, name=hook.name: self._overran(name))
+            except Exception as e:  # a hook must never take the proxy down
+                error = e
+        if error is None:
             self.counters.add(f"hook_{hook.name}_{stage}_ok")
             return None
         self.counters.add(f"hook_{hook.name}_{stage}_failed")
@@ -188,6 +209,9 @@ class Interceptor:
                        policy=policy if stage == "pre" else "ignore (post-hook)",
                        elapsed_ms=round((time.perf_counter() - started) * 1000, 3))
         return error
+
+    def _overran(self, name: str) -> None:
+        self._overrunning[name] -= 1
 
     def _lock_for(self, call: H.Call) -> asyncio.Lock:
         key = _lock_key(call)

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Callable, Dict, List, Optional
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from urllib.parse import unquote
 
 import hpack
 import structlog
@@ -45,8 +47,8 @@ _conn_ids = itertools.count(1)
 class _Stream:
     """Per-stream state of an intercepted call (pass-through streams carry none)."""
 
-    __slots__ = ("sid", "call", "held", "held_flow", "holding", "answered", "reply", "reply_overflow",
-                 "status", "status_message", "done")
+    __slots__ = ("sid", "call", "held", "held_flow", "holding", "copy", "copy_len", "answered",
+                 "reply", "reply_len", "reply_overflow", "status", "status_message", "done")
 
     def __init__(self, sid: int, call: Any) -> None:
         self.sid = sid
@@ -54,8 +56,11 @@ class _Stream:
         self.held: List[bytes] = []
         self.held_flow = 0
         self.holding = True
+        self.copy: Optional[List[bytes]] = None  # request too big to hold: copied as it passes
+        self.copy_len = 0
         self.answered = False       # we answered the kubelet ourselves
         self.reply: List[bytes] = []
+        self.reply_len = 0
         self.reply_overflow = False
         self.status: Optional[int] = None
         self.status_message = ""
@@ -66,7 +71,7 @@ class _Reader:
     """Incremental frame reader for one direction of a connection.
 
     Large DATA frames of pass-through streams are forwarded as their bytes arrive; every
-    other frame is handed over whole. ``inject`` queues frames of our own until the reader
+    other frame is handed over whole. Frames of our own wait in ``pending`` until the reader
     stands between frames and outside a header block, where HTTP/2 allows inserting them.
     """
 
@@ -75,7 +80,7 @@ class _Reader:
         self.need_preface = expect_preface
         self.passing = 0            # bytes of the current frame still to forward as-is
         self.in_header_block = False
-        self.pending: List[bytes] = []
+        self.pending: List[Tuple[bytes, int]] = []   # (frame, flow-controlled length)
         self.tail: Optional[tuple] = None   # (type, flags, stream) of a frame still streaming
 
     @property
@@ -84,7 +89,16 @@ class _Reader:
 
 
 class Splice:
-    """One kubelet connection joined to one containerd connection."""
+    """One kubelet connection joined to one containerd connection.
+
+    Flow control: the kubelet spends containerd's connection window; as long as requests
+    pass unchanged, both see the same bytes and agree on it. An edit that makes a request
+    larger spends more of containerd's window than the kubelet counted, so the relay keeps
+    its own count of containerd's window (``up_window``): DATA that would overrun it waits
+    in ``up_queue`` until containerd grants more, and the extra credit containerd then
+    returns is kept from the kubelet (``conn_debt``) so the two counts meet again. An edit
+    that makes a request smaller is given back to the kubelet with a WINDOW_UPDATE.
+    """
 
     def __init__(self, relay: "Relay", down: asyncio.Transport) -> None:
         self.relay = relay
@@ -109,7 +123,12 @@ class Splice:
         self.goaway_sid: Optional[int] = None   # set when we told the kubelet to go away
         self.refused_sids: set = set()
         self.up_max_frame = h2.DEFAULT_MAX_FRAME_SIZE
-        self.conn_debt = 0                    # conn-window credit containerd will give that the kubelet must not get
+        self.up_stream_window = h2.DEFAULT_WINDOW   # containerd's initial stream window
+        self.up_window = h2.DEFAULT_WINDOW          # containerd's connection window left
+        self.up_queue: Deque[Tuple[bytes, int]] = deque()
+        self.conn_debt = 0                    # credit containerd will give that the kubelet must not get
+        self.up_out: List[bytes] = []
+        self.down_out: List[bytes] = []
         self.blind = False                    # HPACK state lost: relay frames unread, intercept nothing
         self.raw = False                      # not HTTP/2 at all: relay bytes
         self.closed = False
@@ -137,6 +156,56 @@ class Splice:
         self._wake_idle()
         self.relay.forget(self)
 
+    # ---------------------------------------------------------------- sending
+    def _send_up(self, data: bytes, flow: int = 0, ordered: bool = True) -> None:
+        """Queue ``data`` for containerd; ``flow`` is what it costs of containerd's window.
+        Frames that carry no ordering with DATA (``ordered=False``) never wait."""
+        if (ordered and self.up_queue) or flow > self.up_window:
+            self.up_queue.append((data, flow))
+            return
+        self.up_window -= flow
+        self.up_out.append(data)
+
+    def _drain_up(self) -> None:
+        q = self.up_queue
+        while q and q[0][1] <= self.up_window:
+            data, flow = q.popleft()
+            self.up_window -= flow
+            self.up_out.append(data)
+
+    def _send_down(self, data: bytes, flow: int = 0) -> None:
+        self.down_out.append(data)
+
+    def _flush(self) -> None:
+        if self.closed:
+            return
+        if self.up_out and self.up is not None:
+            self.up.write(b"".join(self.up_out))
+            self.up_out.clear()
+        if self.down_out:
+            self.down.write(b"".join(self.down_out))
+            self.down_out.clear()
+
+    def _inject_up(self, data: bytes, flow: int = 0) -> None:
+        """Send a frame of our own to containerd at the next frame boundary."""
+        r = self.k2c
+        if r.at_boundary and not r.pending:
+            self._send_up(data, flow)
+        else:
+            r.pending.append((data, flow))
+
+    def _inject_down(self, data: bytes) -> None:
+        """Send a frame of our own to the kubelet at the next frame boundary."""
+        r = self.c2k
+        if r.at_boundary and not r.pending:
+            self._send_down(data)
+        else:
+            r.pending.append((data, 0))
+
+    def _body_up(self, sid: int, body: bytes, end_stream: bool) -> None:
+        for f in h2.data_frames(sid, body, self.up_max_frame, end_stream):
+            self._inject_up(f, len(f) - h2.FRAME_HEADER_LEN)
+
     # ---------------------------------------------------------------- kubelet → containerd
     def from_kubelet(self, data: bytes) -> None:
         if self.closed:
@@ -150,7 +219,6 @@ class Splice:
             r.buf.clear()
             return
         r.buf += data
-        out: List[bytes] = []
         try:
             if r.need_preface:
                 if len(r.buf) < len(h2.PREFACE):
@@ -162,74 +230,105 @@ class Splice:
                     self.up.write(bytes(r.buf))
                     r.buf.clear()
                     return
-                out.append(h2.PREFACE)
+                self._send_up(h2.PREFACE)
                 del r.buf[:len(h2.PREFACE)]
                 r.need_preface = False
-            self._pump(r, out, self._k2c_frame, self._k2c_streamable)
+            self._pump(r, self._send_up, self._k2c_frame, self._k2c_streamable)
         finally:
-            if out and not self.closed:
-                self.up.write(b"".join(out))
+            self._flush()
 
-    def _k2c_streamable(self, ftype: int, sid: int) -> bool:
+    def _k2c_streamable(self, ftype: int, sid: int, length: int) -> bool:
+        if self.up_queue or (ftype == h2.DATA and length > self.up_window):
+            return False  # waits for containerd's window: read whole, then queued
+        if self.blind:
+            return True
         return ftype == h2.DATA and sid not in self.streams and sid not in self.refused_sids
 
-    def _k2c_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes, out: List[bytes]) -> None:
-        if ftype in (h2.HEADERS, h2.CONTINUATION):
-            out.append(raw)
-            self._header_fragment(True, ftype, flags, sid, payload)
-            return
-        st = self.streams.get(sid)
+    def _k2c_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
         if ftype == h2.DATA:
-            if sid in self.refused_sids:
-                if payload:  # never reaches containerd: give the kubelet its window back
-                    self._inject_down(h2.window_update(0, len(payload)))
-                return
-            if st is not None and st.holding:
-                self._hold(st, flags, payload, raw, out)
-                return
-            out.append(raw)
+            flow = len(payload)
+            st = self.streams.get(sid)
+            if self.blind or st is None:
+                if sid in self.refused_sids and not self.blind:
+                    if flow:  # never reaches containerd: give the kubelet its window back
+                        self._inject_down(h2.window_update(0, flow))
+                    return
+                self._send_up(raw, flow)
+            elif st.holding:
+                self._hold(st, flags, payload)
+            else:
+                self._send_up(raw, flow)
+                if st.copy is not None:
+                    self._copy(st, flags, payload)
             return
-        if ftype == h2.RST_STREAM:
+        if ftype in (h2.WINDOW_UPDATE, h2.PING, h2.SETTINGS, h2.GOAWAY):
+            self._send_up(raw, ordered=False)
+            return
+        self._send_up(raw)
+        if self.blind:
+            if ftype in (h2.HEADERS, h2.CONTINUATION):
+                self.k2c.in_header_block = not flags & h2.FLAG_END_HEADERS
+            return
+        if ftype in (h2.HEADERS, h2.CONTINUATION):
+            self._header_fragment(True, ftype, flags, sid, payload)
+        elif ftype == h2.RST_STREAM:
             self.open_streams.discard(sid)
+            st = self.streams.get(sid)
             if st is not None:
                 if st.holding and st.held_flow:
                     self._inject_down(h2.window_update(0, st.held_flow))
                 st.holding = False
                 st.held = []
                 self._finish(st, aborted="cancelled by the kubelet")
-            out.append(raw)
             self._wake_idle()
-            return
-        out.append(raw)
 
-    def _hold(self, st: _Stream, flags: int, payload: bytes, raw: bytes, out: List[bytes]) -> None:
+    def _hold(self, st: _Stream, flags: int, payload: bytes) -> None:
         try:
             content = h2.strip_padding(flags, payload, h2.DATA)
         except ValueError:
             content = b""
         st.held.append(content)
         st.held_flow += len(payload)
+        end = bool(flags & h2.FLAG_END_STREAM)
         if st.held_flow > MAX_HELD_BYTES:
-            # Too big to hold safely: release what we have unchanged and stop intercepting
-            # the request (the reply is still observed).
-            log.warning("intercepted request too large to hold; forwarded unchanged",
-                        method=getattr(st.call, "method", "?"), bytes=st.held_flow)
+            # Too big to hold safely: release it unchanged and let it flow; a copy is still
+            # decoded at its end so the call is recorded and logged (without pre-hooks).
             body = b"".join(st.held)
             st.holding = False
             st.held = []
-            out.extend(h2.data_frames(st.sid, body, self.up_max_frame, bool(flags & h2.FLAG_END_STREAM)))
+            self._body_up(st.sid, body, end)
             self._settle_flow(st.held_flow, len(body))
-            self.interceptor.on_request_skipped(st.call, "request larger than the hold limit")
+            st.copy, st.copy_len = [body], len(body)
+            if end:
+                self._observe(st)
             return
-        if not flags & h2.FLAG_END_STREAM:
+        if not end:
             return
         body = b"".join(st.held)
         st.held = []
         outcome = self.interceptor.on_request(st.call, body)
         if isinstance(outcome, Decision):
-            self._apply_decision(st, outcome, body, out)
+            self._apply_decision(st, outcome, body)
         else:
             outcome.add_done_callback(lambda fut, st=st, body=body: self._decided(st, fut, body))
+
+    def _copy(self, st: _Stream, flags: int, payload: bytes) -> None:
+        try:
+            content = h2.strip_padding(flags, payload, h2.DATA)
+        except ValueError:
+            content = b""
+        st.copy_len += len(content)
+        if st.copy is not None and st.copy_len <= self.relay.max_message_bytes:
+            st.copy.append(content)
+        else:
+            st.copy = []  # too big even to record: keep the marker, drop the bytes
+        if flags & h2.FLAG_END_STREAM:
+            self._observe(st)
+
+    def _observe(self, st: _Stream) -> None:
+        body = b"".join(st.copy or []) if st.copy_len <= self.relay.max_message_bytes else b""
+        st.copy = None
+        self.interceptor.on_request(st.call, body, may_edit=False)
 
     def _decided(self, st: _Stream, fut: "asyncio.Future[Decision]", body: bytes) -> None:
         if self.closed or not st.holding or st.done:
@@ -239,17 +338,15 @@ class Splice:
         except BaseException as e:  # the pipeline never fails a call by accident
             log.error("interception failed; forwarding the request unchanged", error=repr(e))
             decision = Decision.forward(body)
-        out: List[bytes] = []
-        self._apply_decision(st, decision, body, out)
-        if out:
-            self._inject_up(b"".join(out))
+        self._apply_decision(st, decision, body)
+        self._flush()
 
-    def _apply_decision(self, st: _Stream, d: Decision, original: bytes, out: List[bytes]) -> None:
+    def _apply_decision(self, st: _Stream, d: Decision, original: bytes) -> None:
         st.holding = False
         if d.status:
             # Containerd saw the HEADERS but no message: cancelling the stream makes its
             # handler return without running the call.
-            out.append(h2.rst_stream(st.sid, h2.CANCEL))
+            self._inject_up(h2.rst_stream(st.sid, h2.CANCEL))
             if st.held_flow:
                 self._inject_down(h2.window_update(0, st.held_flow))
             st.answered = True
@@ -261,11 +358,15 @@ class Splice:
             self._wake_idle()
             return
         body = original if d.body is None else d.body
-        out.extend(h2.data_frames(st.sid, body, self.up_max_frame, True))
+        if len(body) > self.up_stream_window and body is not original:
+            log.warning("edited request exceeds containerd's stream window; forwarding the original",
+                        method=getattr(st.call, "method", "?"), bytes=len(body), window=self.up_stream_window)
+            body = original
+        self._body_up(st.sid, body, True)
         self._settle_flow(st.held_flow, len(body))
 
     def _settle_flow(self, received: int, sent: int) -> None:
-        """Keep the kubelet's connection window equal to containerd's after an edit."""
+        """Bring the kubelet's count of containerd's window back to the real one."""
         if sent < received:
             self._inject_down(h2.window_update(0, received - sent))
         elif sent > received:
@@ -281,66 +382,75 @@ class Splice:
             r.buf.clear()
             return
         r.buf += data
-        out: List[bytes] = []
         try:
-            self._pump(r, out, self._c2k_frame, self._c2k_streamable)
+            self._pump(r, self._send_down, self._c2k_frame, self._c2k_streamable)
         finally:
-            if out and not self.closed:
-                self.down.write(b"".join(out))
+            self._flush()
 
-    def _c2k_streamable(self, ftype: int, sid: int) -> bool:
+    def _c2k_streamable(self, ftype: int, sid: int, length: int) -> bool:
+        if self.blind:
+            return ftype != h2.WINDOW_UPDATE and ftype != h2.SETTINGS
         return ftype == h2.DATA and sid not in self.streams
 
-    def _c2k_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes, out: List[bytes]) -> None:
-        if ftype in (h2.HEADERS, h2.CONTINUATION):
-            out.append(raw)
-            self._header_fragment(False, ftype, flags, sid, payload)
-            if flags & h2.FLAG_END_HEADERS and self.header_end_stream[False]:  # whole trailers read
-                self._server_done(self.header_sid[False])
-            return
-        st = self.streams.get(sid)
-        if ftype == h2.DATA:
-            if st is not None and st.answered:
-                # We already answered this call; containerd's bytes must not reach the
-                # kubelet, but its window must not shrink for them either.
-                if payload:
-                    self._inject_up(h2.window_update(0, len(payload)))
-                return
-            out.append(raw)
-            if st is not None and not st.reply_overflow:
-                try:
-                    st.reply.append(h2.strip_padding(flags, payload, h2.DATA))
-                except ValueError:
-                    pass
-                if sum(map(len, st.reply)) > self.relay.max_message_bytes:
-                    st.reply_overflow = True
-                    st.reply = []
-            if flags & h2.FLAG_END_STREAM:
-                self._server_done(sid)
-            return
-        if ftype == h2.WINDOW_UPDATE and sid == 0 and self.conn_debt and len(payload) == 4:
+    def _c2k_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
+        if ftype == h2.WINDOW_UPDATE and sid == 0 and len(payload) == 4:
             inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
+            self.up_window += inc
+            self._drain_up()
             taken = min(inc, self.conn_debt)
             self.conn_debt -= taken
             if inc - taken:
-                out.append(h2.window_update(0, inc - taken))
+                self._send_down(raw if not taken else h2.window_update(0, inc - taken))
             return
         if ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
             for ident, value in h2.parse_settings(payload):
                 if ident == h2.SETTINGS_MAX_FRAME_SIZE:
                     self.up_max_frame = value
-            out.append(raw)
+                elif ident == h2.SETTINGS_INITIAL_WINDOW_SIZE:
+                    self.up_stream_window = value
+            self._send_down(raw)
+            return
+        if self.blind:
+            self._send_down(raw)
+            return
+        st = self.streams.get(sid)
+        if ftype == h2.DATA:
+            if st is not None and st.answered:
+                # We already answered this call; containerd's bytes must not reach the
+                # kubelet, but containerd's window must not shrink for them either.
+                if payload:
+                    self._inject_up(h2.window_update(0, len(payload)))
+                return
+            self._send_down(raw)
+            if st is not None and not st.reply_overflow:
+                try:
+                    content = h2.strip_padding(flags, payload, h2.DATA)
+                except ValueError:
+                    content = b""
+                st.reply.append(content)
+                st.reply_len += len(content)
+                if st.reply_len > self.relay.max_message_bytes:
+                    st.reply_overflow = True
+                    st.reply = []
+            if flags & h2.FLAG_END_STREAM:
+                self._server_done(sid)
+            return
+        if ftype in (h2.HEADERS, h2.CONTINUATION):
+            self._send_down(raw)
+            self._header_fragment(False, ftype, flags, sid, payload)
+            if flags & h2.FLAG_END_HEADERS and self.header_end_stream[False]:  # whole trailers read
+                self._server_done(self.header_sid[False])
             return
         if ftype == h2.RST_STREAM:
             if st is not None and st.answered:
                 return
-            out.append(raw)
+            self._send_down(raw)
             self.open_streams.discard(sid)
             if st is not None:
                 self._finish(st, aborted="reset by containerd")
             self._wake_idle()
             return
-        out.append(raw)
+        self._send_down(raw)
 
     def _server_done(self, sid: int) -> None:
         self.open_streams.discard(sid)
@@ -370,6 +480,7 @@ class Splice:
                 block += payload
         except ValueError:
             self._go_blind("malformed HEADERS frame")
+            reader.in_header_block = not flags & h2.FLAG_END_HEADERS
             return
         if not flags & h2.FLAG_END_HEADERS:
             reader.in_header_block = True
@@ -378,7 +489,7 @@ class Splice:
         sid = self.header_sid[k2c]
         try:
             headers = (self.k2c_hpack if k2c else self.c2k_hpack).decode(bytes(block), raw=True)
-        except Exception as e:  # HPACK state lost: never guess, relay blindly from now on
+        except Exception as e:  # HPACK state lost: never guess, relay unread from now on
             self._go_blind(f"cannot decode a header block: {e!r}")
             return
         if k2c:
@@ -397,13 +508,13 @@ class Splice:
             self._inject_down(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
         self.open_streams.add(sid)
+        if self.header_end_stream[True]:
+            return  # no request body will follow: nothing to intercept
         path = ""
         for name, value in headers:
             if name == b":path":
                 path = value.decode("latin-1")
                 break
-        if self.header_end_stream[True]:
-            return  # no request body will follow: nothing to intercept
         call = self.interceptor.begin(path)
         if call is not None:
             self.streams[sid] = _Stream(sid, call)
@@ -419,7 +530,7 @@ class Splice:
                 except ValueError:
                     st.status = 2
             elif name == b"grpc-message":
-                st.status_message = value.decode("utf-8", "replace")
+                st.status_message = unquote(value.decode("utf-8", "replace"))
 
     def _finish(self, st: _Stream, aborted: str = "") -> None:
         if st.done:
@@ -434,14 +545,14 @@ class Splice:
                                   st.status_message, answered_by_proxy=st.answered)
 
     # ---------------------------------------------------------------- framing machinery
-    def _pump(self, r: _Reader, out: List[bytes], on_frame: Callable, streamable: Callable) -> None:
+    def _pump(self, r: _Reader, send: Callable, on_frame: Callable, streamable: Callable) -> None:
         buf = r.buf
         pos = 0
         n = len(buf)
         while pos < n and not self.closed:
             if r.passing:
                 take = min(r.passing, n - pos)
-                out.append(bytes(buf[pos:pos + take]))
+                send(bytes(buf[pos:pos + take]))
                 pos += take
                 r.passing -= take
                 if r.passing == 0 and r.tail is not None:
@@ -452,16 +563,17 @@ class Splice:
             if n - pos < h2.FRAME_HEADER_LEN:
                 break
             length, ftype, flags, sid = h2.parse_frame_header(buf, pos)
-            if self.blind or streamable(ftype, sid):
-                # Forward as it comes: the header now, the payload as it arrives.
-                out.append(bytes(buf[pos:pos + h2.FRAME_HEADER_LEN]))
+            if streamable(ftype, sid, length):
+                # Forward as it comes: the header now (charged the whole frame's flow
+                # control), the payload as it arrives.
+                send(bytes(buf[pos:pos + h2.FRAME_HEADER_LEN]), length if ftype == h2.DATA else 0)
                 pos += h2.FRAME_HEADER_LEN
                 r.passing = length
                 if length == 0:
                     self._after_passed_frame(r, ftype, flags, sid)
                 else:
                     take = min(length, n - pos)
-                    out.append(bytes(buf[pos:pos + take]))
+                    send(bytes(buf[pos:pos + take]))
                     pos += take
                     r.passing -= take
                     if r.passing == 0:
@@ -473,15 +585,19 @@ class Splice:
             if end > n:
                 break
             raw = bytes(buf[pos:end])
-            on_frame(ftype, flags, sid, raw[h2.FRAME_HEADER_LEN:], raw, out)
+            on_frame(ftype, flags, sid, raw[h2.FRAME_HEADER_LEN:], raw)
             pos = end
             if r.pending and r.at_boundary:
-                out.extend(r.pending)
-                r.pending.clear()
+                self._flush_pending(r, send)
         del buf[:pos]
         if r.pending and r.at_boundary:
-            out.extend(r.pending)
-            r.pending.clear()
+            self._flush_pending(r, send)
+
+    @staticmethod
+    def _flush_pending(r: _Reader, send: Callable) -> None:
+        pending, r.pending = r.pending, []
+        for data, flow in pending:
+            send(data, flow)
 
     def _after_passed_frame(self, r: _Reader, ftype: int, flags: int, sid: int) -> None:
         """Bookkeeping for a streamed frame once all of it went through."""
@@ -494,27 +610,11 @@ class Splice:
         if flags & h2.FLAG_END_STREAM and r is self.c2k:
             self._server_done(sid)
 
-    def _inject(self, r: _Reader, t: Optional[asyncio.Transport], data: bytes) -> None:
-        if self.closed or t is None:
-            return
-        if r.at_boundary and not r.pending:
-            t.write(data)
-        else:
-            r.pending.append(data)
-
-    def _inject_up(self, data: bytes) -> None:
-        """Send frames of our own to containerd at the next frame boundary."""
-        self._inject(self.k2c, self.up, data)
-
-    def _inject_down(self, data: bytes) -> None:
-        """Send frames of our own to the kubelet at the next frame boundary."""
-        self._inject(self.c2k, self.down, data)
-
     def _go_blind(self, why: str) -> None:
         """Stop reading this connection's frames and stop intercepting; keep relaying them.
 
         Only reached if a header block cannot be decoded, which means our HPACK state no
-        longer matches the peers'. Framing is still followed, so frames stay whole.
+        longer matches the peers'. Framing and flow control are still followed.
         """
         log.error("HTTP/2 header state lost; relaying this connection without interception",
                   conn=self.cid, reason=why)
@@ -522,7 +622,7 @@ class Splice:
         for st in list(self.streams.values()):
             if st.holding:  # release the held request unchanged so the call is not lost
                 st.holding = False
-                self._inject_up(b"".join(h2.data_frames(st.sid, b"".join(st.held), self.up_max_frame, True)))
+                self._body_up(st.sid, b"".join(st.held), True)
             self._finish(st, aborted="connection relayed without interception")
         self.open_streams.clear()
         self._wake_idle()
@@ -534,6 +634,7 @@ class Splice:
             return
         self.goaway_sid = self.max_sid
         self._inject_down(h2.goaway(self.max_sid, h2.NO_ERROR, b"anolisnuma shutting down"))
+        self._flush()
 
     @property
     def busy(self) -> bool:
