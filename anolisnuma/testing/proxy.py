@@ -202,9 +202,25 @@ class InProcessProxy:
         self.error: Optional[BaseException] = None
         self._started = threading.Event()
 
+    @classmethod
+    def for_backend(cls, backend_socket: str, workdir: str, hooks: Optional[List[Any]] = None,
+                    grace: float = 5.0, level: str = "info") -> "InProcessProxy":
+        """A proxy with every path under ``workdir`` in front of ``backend_socket``."""
+        return cls(make_config(workdir, backend_socket, grace=grace, level=level), hooks=hooks)
+
     @property
     def socket_path(self) -> str:
         return self.config.server.listen
+
+    socket = socket_path
+
+    def wait_resynced(self, timeout: float = 10.0) -> None:
+        """Wait until the daemon's start-up resync with the backend is done."""
+        deadline = time.monotonic() + timeout
+        while not self.daemon.resynced:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the daemon did not finish its start-up resync")
+            time.sleep(0.01)
 
     @property
     def address(self) -> str:

@@ -118,7 +118,7 @@ def kubelet_direct(containerd: PrivateContainerd):  # type: ignore[no-untyped-de
 def proxy(containerd: PrivateContainerd, tmp_path):  # type: ignore[no-untyped-def]
     """anolisnuma (no policy hooks) running in this process in front of the private
     containerd; ``.socket`` is where to connect, ``.daemon`` the Daemon object."""
-    from anolisnuma.testing.inprocess import InProcessProxy
+    from anolisnuma.testing.proxy import InProcessProxy
 
     with InProcessProxy.for_backend(containerd.socket, str(tmp_path)) as p:
         yield p

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from cri_client import KubeletLike, pb
 
-from anolisnuma.testing.inprocess import InProcessProxy
+from anolisnuma.testing.proxy import InProcessProxy
 
 CG = "/sys/fs/cgroup"
 

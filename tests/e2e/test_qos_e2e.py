@@ -39,7 +39,7 @@ from anolisnuma.system.cgroups import (
 )
 from anolisnuma.system.sysctl import cpu_vendor
 from anolisnuma.testing.fake_kernel import FakeKernel, FakeResctrl
-from anolisnuma.testing.inprocess import InProcessProxy
+from anolisnuma.testing.proxy import InProcessProxy, make_config
 
 CG = "/sys/fs/cgroup"
 NS = "qos-e2e"
@@ -110,8 +110,9 @@ def _hook_paths(cgroup_root: str, resctrl_root: str, proc_root: str, workdir: st
 def _qos_hook(workdir: str, cfg: QosConfig, paths: PathsConfig) -> QosHook:
     """A QosHook whose start-up probe lines land in the proxy's log file: the hook probes
     the kernel in its constructor, before InProcessProxy.start() configures logging."""
-    os.makedirs(workdir, exist_ok=True)
-    logsetup.configure("info", os.path.join(workdir, "anolisnuma.log"), stderr=False)
+    log_file = make_config(workdir, "/unused").log.file  # where the proxy will log
+    os.makedirs(os.path.dirname(log_file), exist_ok=True)
+    logsetup.configure("info", log_file, stderr=False)
     return QosHook(cfg, paths)
 
 
