@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import structlog
 import yaml
@@ -140,6 +140,11 @@ class NumaHook(Hook):
         self._refresh_kubelet()
         self._state = NumaStateFile(paths.state_dir)
         self._pending_updates: Dict[str, Tuple[CpuSet, CpuSet]] = {}
+        # Pods and containers that passed through before the start-up resync: it works from
+        # a containerd listing taken earlier, so these are newer than it and never dropped.
+        self._resynced = False
+        self._seen_pods: Set[str] = set()
+        self._seen_containers: Set[str] = set()
         self._save_failed = False
         self.node_name = config.effective_node_name()
         self._config_rules, problems = resolve_pins(config.pins, self.topology)
@@ -180,6 +185,7 @@ class NumaHook(Hook):
 
     def pre(self, call: Call) -> None:
         m = call.method
+        self._saw(call)
         if m == CREATE_CONTAINER:
             self._create_container(call)
         elif m == UPDATE_CONTAINER_RESOURCES:
@@ -191,10 +197,21 @@ class NumaHook(Hook):
 
     def post(self, call: Call) -> None:
         m = call.method
+        self._saw(call)
         if m == CREATE_CONTAINER:
             self._container_created(call)
         elif m == RUN_POD_SANDBOX:
             self._sandbox_started(call)
+
+    def _saw(self, call: Call) -> None:
+        if self._resynced:
+            return
+        pod = self._pod_of(call)
+        with self._lock:
+            if pod is not None and pod.uid:
+                self._seen_pods.add(pod.uid)
+            if call.container is not None:
+                self._seen_containers.add(call.container.container_id)
 
     # ================================================================== queries
     def select(self, pod: PodRecord) -> Selection:
@@ -586,12 +603,14 @@ class NumaHook(Hook):
             live_cids = {c.container_id for c in containers}
             dropped = []
             for alloc in self.ledger:
+                if alloc.pod_uid in self._seen_pods:
+                    continue  # changed by calls newer than the listing: the calls are right
                 if alloc.pod_uid not in live_uids or (alloc.sandbox_id and alloc.sandbox_id not in by_sandbox):
                     self._forget(alloc)
                     dropped.append(alloc.ref)
                     continue
                 for cid in list(alloc.containers):
-                    if cid not in live_cids:
+                    if cid not in live_cids and cid not in self._seen_containers:
                         self.ledger.remove_container(cid)
                         self._pending_updates.pop(cid, None)
                 self.ledger.clear_pending(alloc.pod_uid)
@@ -652,6 +671,9 @@ class NumaHook(Hook):
                         max(c.resources.memory_limit_in_bytes, 0)))
                     self._note_drift(c, alloc, _parse_cpus(c.resources.cpuset_cpus) or CpuSet())
                     adopted.setdefault(pod.ref, []).append(c.name)
+            self._resynced = True
+            self._seen_pods.clear()
+            self._seen_containers.clear()
             self._save()
         log.info("NUMA allocations reconciled with containerd", allocations=len(self.ledger),
                  dropped_pods=dropped or None, adopted=adopted or None,
