@@ -92,6 +92,17 @@ class Interceptor:
         """Decide what to forward for a complete request. ``may_edit=False``: the relay
         already forwarded it (too large to hold); it is only recorded and logged."""
         forward = Decision.forward(body)
+        if may_edit and not self._pre[pc.method]:
+            # Nothing can edit it: forward first, decode and log right after.
+            asyncio.get_running_loop().call_soon(self._observe, pc, body)
+            return forward
+        return self._inspect(pc, body, may_edit, forward)
+
+    def _observe(self, pc: PipelineCall, body: bytes) -> None:
+        self._inspect(pc, body, True, Decision.forward(body))
+
+    def _inspect(self, pc: PipelineCall, body: bytes, may_edit: bool,
+                 forward: Decision) -> Union[Decision, "asyncio.Future[Decision]"]:
         request = self._decode(pc, body, pc.spec.request, "request")
         if request is None:
             return forward

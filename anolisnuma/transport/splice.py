@@ -180,10 +180,10 @@ class Splice:
         if self.closed:
             return
         if self.up_out and self.up is not None:
-            self.up.write(b"".join(self.up_out))
+            self.up.write(self.up_out[0] if len(self.up_out) == 1 else b"".join(self.up_out))
             self.up_out.clear()
         if self.down_out:
-            self.down.write(b"".join(self.down_out))
+            self.down.write(self.down_out[0] if len(self.down_out) == 1 else b"".join(self.down_out))
             self.down_out.clear()
 
     def _inject_up(self, data: bytes, flow: int = 0) -> None:
@@ -218,9 +218,9 @@ class Splice:
             self.up.write(bytes(r.buf) + data if r.buf else data)
             r.buf.clear()
             return
-        r.buf += data
         try:
             if r.need_preface:
+                r.buf += data
                 if len(r.buf) < len(h2.PREFACE):
                     return
                 if bytes(r.buf[:len(h2.PREFACE)]) != h2.PREFACE:
@@ -231,9 +231,10 @@ class Splice:
                     r.buf.clear()
                     return
                 self._send_up(h2.PREFACE)
-                del r.buf[:len(h2.PREFACE)]
+                data = bytes(r.buf[len(h2.PREFACE):])
+                r.buf.clear()
                 r.need_preface = False
-            self._pump(r, self._send_up, self._k2c_frame, self._k2c_streamable)
+            self._pump(r, data, self._send_up, self._k2c_frame, self._k2c_streamable)
         finally:
             self._flush()
 
@@ -381,9 +382,8 @@ class Splice:
             self.down.write(bytes(r.buf) + data if r.buf else data)
             r.buf.clear()
             return
-        r.buf += data
         try:
-            self._pump(r, self._send_down, self._c2k_frame, self._c2k_streamable)
+            self._pump(r, data, self._send_down, self._c2k_frame, self._c2k_streamable)
         finally:
             self._flush()
 
@@ -541,55 +541,78 @@ class Splice:
             self.interceptor.on_abort(st.call, aborted)
             return
         reply = None if st.reply_overflow else b"".join(st.reply)
-        self.interceptor.on_reply(st.call, reply, st.status if st.status is not None else 0,
-                                  st.status_message, answered_by_proxy=st.answered)
+        # After the reply's bytes went out: bookkeeping must not delay the kubelet. The
+        # kubelet's next call needs a round trip, so it is read after this has run.
+        asyncio.get_running_loop().call_soon(
+            self.interceptor.on_reply, st.call, reply, st.status if st.status is not None else 0,
+            st.status_message, st.answered)
 
     # ---------------------------------------------------------------- framing machinery
-    def _pump(self, r: _Reader, send: Callable, on_frame: Callable, streamable: Callable) -> None:
-        buf = r.buf
+    def _pump(self, r: _Reader, data: bytes, send: Callable, on_frame: Callable, streamable: Callable) -> None:
+        """Forward the frames in ``r.buf + data``: runs of pass-through bytes go out as
+        slices of what was read (no copy), other frames are handed to ``on_frame`` whole,
+        and an incomplete frame at the end waits in ``r.buf`` for the next read."""
+        if r.buf:
+            r.buf += data
+            data = bytes(r.buf)
+            r.buf.clear()
+        view = memoryview(data)
+        n = len(data)
         pos = 0
-        n = len(buf)
+        run = -1  # start of the pending run of pass-through bytes
+        k2c = r is self.k2c
         while pos < n and not self.closed:
             if r.passing:
                 take = min(r.passing, n - pos)
-                send(bytes(buf[pos:pos + take]))
+                if run < 0:
+                    run = pos
                 pos += take
                 r.passing -= take
                 if r.passing == 0 and r.tail is not None:
+                    send(view[run:pos])
+                    run = -1
                     ftype, flags, sid = r.tail
                     r.tail = None
                     self._after_passed_frame(r, ftype, flags, sid)
                 continue
             if n - pos < h2.FRAME_HEADER_LEN:
                 break
-            length, ftype, flags, sid = h2.parse_frame_header(buf, pos)
+            length, ftype, flags, sid = h2.parse_frame_header(data, pos)
             if streamable(ftype, sid, length):
-                # Forward as it comes: the header now (charged the whole frame's flow
-                # control), the payload as it arrives.
-                send(bytes(buf[pos:pos + h2.FRAME_HEADER_LEN]), length if ftype == h2.DATA else 0)
-                pos += h2.FRAME_HEADER_LEN
-                r.passing = length
-                if length == 0:
-                    self._after_passed_frame(r, ftype, flags, sid)
-                else:
-                    take = min(length, n - pos)
-                    send(bytes(buf[pos:pos + take]))
-                    pos += take
-                    r.passing -= take
-                    if r.passing == 0:
+                # Forwarded as it comes; DATA is charged to containerd's window up front.
+                if k2c and ftype == h2.DATA:
+                    self.up_window -= length
+                if run < 0:
+                    run = pos
+                end = pos + h2.FRAME_HEADER_LEN + length
+                needs_after = self.blind or (not k2c and flags & h2.FLAG_END_STREAM)
+                if end <= n:
+                    pos = end
+                    if needs_after:
+                        send(view[run:pos])
+                        run = -1
                         self._after_passed_frame(r, ftype, flags, sid)
-                    else:
+                else:
+                    r.passing = end - n
+                    pos = n
+                    if needs_after:
                         r.tail = (ftype, flags, sid)
                 continue
+            if run >= 0:
+                send(view[run:pos])
+                run = -1
             end = pos + h2.FRAME_HEADER_LEN + length
             if end > n:
                 break
-            raw = bytes(buf[pos:end])
+            raw = data[pos:end]
             on_frame(ftype, flags, sid, raw[h2.FRAME_HEADER_LEN:], raw)
             pos = end
             if r.pending and r.at_boundary:
                 self._flush_pending(r, send)
-        del buf[:pos]
+        if run >= 0:
+            send(view[run:pos])
+        if pos < n:
+            r.buf += view[pos:]
         if r.pending and r.at_boundary:
             self._flush_pending(r, send)
 

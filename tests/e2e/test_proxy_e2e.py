@@ -86,7 +86,10 @@ def test_host_network_pod_lifecycle_through_proxy(kubelet, kubelet_direct, proxy
     kubelet.remove_container(cid)
     kubelet.stop_pod(pod)
     kubelet.remove_pod(pod)
-    assert store.container(cid) is None and store.pod(pod.id) is None
+    deadline = time.monotonic() + 3  # the store follows right after the reply went out
+    while store.container(cid) is not None or store.pod(pod.id) is not None:
+        assert time.monotonic() < deadline, "the store kept a removed pod"
+        time.sleep(0.01)
     assert not os.path.exists(cpu_dir)
 
     # One log line per intercepted request and reply, with the pod's identity.

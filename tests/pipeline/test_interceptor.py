@@ -229,7 +229,7 @@ def test_large_intercepted_request_still_recorded(start_proxy, fake, open_stub):
     proxy = start_proxy([])
     req = create_request("d" * 64, annotations={"big": "x" * 100_000})
     reply = open_stub(proxy.address).CreateContainer(req, timeout=5)
-    assert proxy.store.container(reply.container_id) is not None
+    wait_until(lambda: proxy.store.container(reply.container_id) is not None)
 
 
 def test_edit_growing_body_beyond_backend_stream_window(sockdir, open_stub):
@@ -394,20 +394,23 @@ def test_post_hooks_see_decoded_replies_and_the_store_follows(start_proxy, fake,
     stub = open_stub(proxy.address)
     cfg = sandbox_config(name="db-0", namespace="data")
     sid = stub.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg, runtime_handler="runc"), timeout=5).pod_sandbox_id
+    # The store follows a reply right after the reply's bytes went out (for the next call
+    # on the same connection it is always there; this thread may look a moment earlier).
+    wait_until(lambda: proxy.store.pod(sid) is not None)
     pod = proxy.store.pod(sid)
-    assert pod is not None
     assert (pod.name, pod.namespace, pod.uid) == ("db-0", "data", cfg.metadata.uid)
     assert pod.cgroup_parent == cfg.linux.cgroup_parent and pod.runtime_handler == "runc"
 
     cid = stub.CreateContainer(create_request(sid, sandbox=cfg, name="postgres", cpuset="2-3"),
                                timeout=5).container_id
+    wait_until(lambda: proxy.store.container(cid) is not None)
     ctr = proxy.store.container(cid)
-    assert ctr is not None and ctr.sandbox_id == sid and ctr.name == "postgres"
+    assert ctr.sandbox_id == sid and ctr.name == "postgres"
     assert ctr.resources.cpuset_cpus == "2-3" and ctr.resources.cpu_quota == 150000
 
     stub.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
         container_id=cid, linux=pb.LinuxContainerResources(cpuset_cpus="4-5", cpu_shares=2)), timeout=5)
-    assert proxy.store.container(cid).resources.cpuset_cpus == "4-5"
+    wait_until(lambda: proxy.store.container(cid).resources.cpuset_cpus == "4-5")
 
     wait_until(lambda: ("post", UPDATE_CONTAINER_RESOURCES) in hook.stages())
     posts = {m: c for s, m, c, *_ in hook.seen if s == "post"}
@@ -419,11 +422,11 @@ def test_post_hooks_see_decoded_replies_and_the_store_follows(start_proxy, fake,
     stub.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=5)
     stub.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=10), timeout=5)
     stub.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=5)
-    assert proxy.store.container(cid) is None
+    wait_until(lambda: proxy.store.container(cid) is None)
     assert proxy.store.pod(sid) is not None
     stub.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=5)
     stub.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=5)
-    assert proxy.store.pod(sid) is None
+    wait_until(lambda: proxy.store.pod(sid) is None)
     wait_until(lambda: ("post", REMOVE_POD_SANDBOX) in hook.stages())
     # every lifecycle method went through both stages, pre before post
     for m in (START_CONTAINER, STOP_CONTAINER, REMOVE_CONTAINER, STOP_POD_SANDBOX, REMOVE_POD_SANDBOX):
