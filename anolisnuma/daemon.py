@@ -31,17 +31,43 @@ RESYNC_RETRY_SECONDS = 2.0
 
 
 def build_hooks(config: Config) -> List[Hook]:
-    """The hooks the configuration enables, in the order they run."""
-    hooks: List[Hook] = []
+    """The hooks the configuration enables, in the order they run.
+
+    A hook that cannot be built (its host facts unreadable, say) is left out with an error
+    line, so the node keeps a working runtime; unless its failure policy is ``fail``: then
+    the operator asked for pods to be refused rather than run without the policy, and the
+    daemon does not start (HookUnavailable).
+    """
+    wanted = []
     if config.numa is not None and config.numa.enabled:
-        from anolisnuma.hooks.numa import NumaHook
-
-        hooks.append(NumaHook(config.numa, config.paths))
+        wanted.append(("numa", lambda: _numa_hook(config)))
     if config.qos is not None and config.qos.enabled:
-        from anolisnuma.hooks.qos import QosHook
-
-        hooks.append(QosHook(config.qos, config.paths))
+        wanted.append(("qos", lambda: _qos_hook(config)))
+    hooks: List[Hook] = []
+    for name, make in wanted:
+        try:
+            hooks.append(make())
+        except Exception as e:
+            if config.hooks.settings(name).failure_policy == "fail":
+                raise HookUnavailable(f"hook {name} cannot start: {e}") from e
+            log.error("hook cannot start; running without it", hook=name, error=repr(e))
     return hooks
+
+
+class HookUnavailable(Exception):
+    pass
+
+
+def _numa_hook(config: Config) -> Hook:
+    from anolisnuma.hooks.numa import NumaHook
+
+    return NumaHook(config.numa, config.paths)
+
+
+def _qos_hook(config: Config) -> Hook:
+    from anolisnuma.hooks.qos import QosHook
+
+    return QosHook(config.qos, config.paths)
 
 
 class Daemon:
