@@ -164,17 +164,8 @@ def run_scale(topo: NumaTopology, sizes: Sequence[int]) -> Tuple[float, float]:
     return pct(us, 0.5), pct(us, 0.99)
 
 
-def run_hook_scale(spec: F.FakeTopology, sizes: Sequence[int]) -> Optional[Tuple[float, float]]:
+def run_hook_scale(spec: F.FakeTopology, sizes: Sequence[int]) -> Tuple[float, float]:
     """Time NumaHook.pre(CreateContainer) with persistence, as the ledger grows."""
-    try:
-        from anolisnuma.config import PathsConfig
-        from anolisnuma.hooks.numa import NumaHook
-        from anolisnuma.pipeline import hooks as H
-        from anolisnuma.policies.numa.config import NumaConfig
-        from anolisnuma.state.records import PodRecord
-        from cri_proto import api_pb2 as pb
-    except ImportError:
-        return None
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     runs = []
     for _ in range(REPEATS):
