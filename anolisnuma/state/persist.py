@@ -25,7 +25,7 @@ def atomic_write_json(path: str, data: Any) -> None:
     atomic_write_bytes(path, json.dumps(data, separators=(",", ":"), sort_keys=True).encode("utf-8"))
 
 
-def atomic_write_bytes(path: str, data: bytes) -> None:
+def atomic_write_bytes(path: str, data: bytes, mode: int = 0o600) -> None:
     """Replace ``path`` with ``data``: temp file in the same directory, fsync, rename,
     fsync of the directory."""
     directory = os.path.dirname(path) or "."
@@ -36,6 +36,7 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

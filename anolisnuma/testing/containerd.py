@@ -24,11 +24,11 @@ import re
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from typing import Dict, Iterable, List, Optional, Set, Tuple
 
+from anolisnuma.state.persist import atomic_write_bytes
 from anolisnuma.testing.images import IMAGES, PAUSE_IMAGE, build_image_archive
 
 __all__ = ["PrivateContainerd", "PrivateContainerdError", "ensure_private_containerd",
@@ -284,20 +284,7 @@ def _q(s: str) -> str:
 
 
 def _atomic_write(path: str, text: str, mode: int = 0o644) -> None:
-    d = os.path.dirname(path)
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path), dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_bytes(path, text.encode(), mode)
 
 
 def _link_exists(name: str) -> bool:

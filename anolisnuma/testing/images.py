@@ -22,8 +22,9 @@ import os
 import platform
 import subprocess
 import tarfile
-import tempfile
 from typing import Dict, List, Optional, Tuple
+
+from anolisnuma.state.persist import atomic_write_bytes
 
 PAUSE_IMAGE = "registry.k8s.io/pause:3.6"
 BUSYBOX_IMAGE = "docker.io/library/busybox:anolisnuma"
@@ -179,17 +180,5 @@ def build_image_archive(cache_dir: Optional[str] = None,
     if os.path.isfile(path):
         return path
     data = build_archive_bytes(bb, applets)
-    os.makedirs(cache_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".images-", suffix=".tar", dir=cache_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)  # atomic: concurrent builders write identical bytes
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    atomic_write_bytes(path, data, 0o644)  # concurrent builders write identical bytes
     return path
