@@ -14,7 +14,6 @@ from anolisnuma.pipeline.hooks import Call, HookRefused
 from anolisnuma.policies.qos.config import QosConfig
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.system.cgroups import parse_cgroup_parent
-from anolisnuma.testing.fake_kernel import FakeKernel
 from cri_proto import api_pb2 as pb
 
 POD = {"LSE": {"cpu.bvt_warp_ns": 2, "memory.priority": 5, "memory.use_priority_oom": 1,
@@ -84,19 +83,6 @@ class Pod:
         rel = rel or self.rel
         return {k: int(self.fk.cgroup.read(rel, k)) for k in FRESH
                 if os.path.exists(self.fk.cgroup.file(rel, k))}
-
-
-@pytest.fixture
-def kernel():
-    """``kernel(**options)`` -> a FakeKernel on tmpfs, removed after the test."""
-    made = []
-
-    def make(**kw):
-        made.append(FakeKernel.temporary(**kw))
-        return made[-1]
-    yield make
-    for fk in made:
-        fk.close()
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ test hooks, and CRI v1 stubs on channels closed after each test."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from typing import Dict, Iterator, List, Optional
 
 import grpc
@@ -14,13 +12,6 @@ from anolisnuma.config import HookSettings
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.proxy import InProcessProxy, make_config
 from pipeline_helpers import CLIENT_OPTIONS, GO_LIKE_SERVER, pb_grpc
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="an-", dir="/tmp")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

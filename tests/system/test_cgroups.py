@@ -14,20 +14,6 @@ from anolisnuma.system.cgroups import (
 )
 from anolisnuma.system.knobs import probe_support
 from anolisnuma.system.sysctl import Sysctls
-from anolisnuma.testing.fake_kernel import FakeKernel
-
-
-@pytest.fixture
-def kernel():
-    """``kernel(**options)`` -> a FakeKernel on tmpfs, removed after the test."""
-    made = []
-
-    def make(**kw):
-        made.append(FakeKernel.temporary(**kw))
-        return made[-1]
-    yield make
-    for fk in made:
-        fk.close()
 
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"

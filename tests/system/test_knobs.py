@@ -9,20 +9,6 @@ from anolisnuma.system.cgroups import CgroupFs, Driver
 from anolisnuma.system.knobs import ALL_KNOBS, BY_NAME, KnobKind, ValueRange, probe_support
 from anolisnuma.system.resctrl import ResctrlFs
 from anolisnuma.system.sysctl import Sysctls
-from anolisnuma.testing.fake_kernel import FakeKernel
-
-
-@pytest.fixture
-def kernel():
-    """``kernel(**options)`` -> a FakeKernel on tmpfs, removed after the test."""
-    made = []
-
-    def make(**kw):
-        made.append(FakeKernel.temporary(**kw))
-        return made[-1]
-    yield make
-    for fk in made:
-        fk.close()
 
 
 def probe(fk, probe_cgroup=True):

@@ -8,20 +8,6 @@ from anolisnuma.system.cgroups import FileGone, ReadFailed
 from anolisnuma.system.resctrl import (
     MB_AMD_UNITS, MB_PERCENT, ResctrlFs, parse_schemata, render_schemata,
 )
-from anolisnuma.testing.fake_kernel import FakeKernel
-
-
-@pytest.fixture
-def kernel():
-    """``kernel(**options)`` -> a FakeKernel on tmpfs, removed after the test."""
-    made = []
-
-    def make(**kw):
-        made.append(FakeKernel.temporary(**kw))
-        return made[-1]
-    yield make
-    for fk in made:
-        fk.close()
 
 
 def rfs(fk):

@@ -5,8 +5,6 @@ pytest's tmp_path often does not)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from typing import Iterator, List
 
 import grpc
@@ -29,13 +27,6 @@ CLIENT_OPTIONS = [
     ("grpc.http2.bdp_probe", 0),
     ("grpc.http2.max_frame_size", 16384),
 ]
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    d = tempfile.mkdtemp(prefix="an-", dir="/tmp")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
