@@ -99,19 +99,24 @@ def containerd() -> Iterator[PrivateContainerd]:
             print(f"\nprivate containerd cleanup problems: {problems}", file=sys.stderr)
 
 
-@pytest.fixture
-def kubelet_direct(containerd: PrivateContainerd):  # type: ignore[no-untyped-def]
-    """A KubeletLike on containerd's own socket; what it created is removed afterwards."""
+def _kubelet_on(socket_path: str, containerd: PrivateContainerd, what: str):  # type: ignore[no-untyped-def]
+    """A KubeletLike on ``socket_path``; what it created is removed afterwards."""
     from cri_client import KubeletLike
 
-    kl = KubeletLike(containerd.socket, harness=containerd)
+    kl = KubeletLike(socket_path, harness=containerd)
     try:
         yield kl
     finally:
         errors = kl.cleanup()
         kl.close()
         if errors:
-            print(f"\nkubelet_direct cleanup errors: {errors}", file=sys.stderr)
+            print(f"\n{what} cleanup errors: {errors}", file=sys.stderr)
+
+
+@pytest.fixture
+def kubelet_direct(containerd: PrivateContainerd):  # type: ignore[no-untyped-def]
+    """A KubeletLike on containerd's own socket."""
+    yield from _kubelet_on(containerd.socket, containerd, "kubelet_direct")
 
 
 @pytest.fixture
@@ -127,13 +132,4 @@ def proxy(containerd: PrivateContainerd, tmp_path):  # type: ignore[no-untyped-d
 @pytest.fixture
 def kubelet(proxy, containerd: PrivateContainerd):  # type: ignore[no-untyped-def]
     """A KubeletLike talking to containerd through the proxy."""
-    from cri_client import KubeletLike
-
-    kl = KubeletLike(proxy.socket, harness=containerd)
-    try:
-        yield kl
-    finally:
-        errors = kl.cleanup()
-        kl.close()
-        if errors:
-            print(f"\nkubelet cleanup errors: {errors}", file=sys.stderr)
+    yield from _kubelet_on(proxy.socket, containerd, "kubelet")
