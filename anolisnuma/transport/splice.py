@@ -307,7 +307,11 @@ class Splice:
             return
         body = b"".join(st.held)
         st.held = []
-        outcome = self.interceptor.on_request(st.call, body)
+        try:
+            outcome = self.interceptor.on_request(st.call, body)
+        except Exception as e:  # a bug above must never lose the kubelet's call
+            log.error("interception failed; forwarding the request unchanged", error=repr(e))
+            outcome = Decision.forward(body)
         if isinstance(outcome, Decision):
             self._apply_decision(st, outcome, body)
         else:
@@ -329,7 +333,10 @@ class Splice:
     def _observe(self, st: _Stream) -> None:
         body = b"".join(st.copy or []) if st.copy_len <= self.relay.max_message_bytes else b""
         st.copy = None
-        self.interceptor.on_request(st.call, body, may_edit=False)
+        try:
+            self.interceptor.on_request(st.call, body, may_edit=False)
+        except Exception as e:
+            log.error("recording a large request failed", error=repr(e))
 
     def _decided(self, st: _Stream, fut: "asyncio.Future[Decision]", body: bytes) -> None:
         if self.closed or not st.holding or st.done:
@@ -515,7 +522,11 @@ class Splice:
             if name == b":path":
                 path = value.decode("latin-1")
                 break
-        call = self.interceptor.begin(path)
+        try:
+            call = self.interceptor.begin(path)
+        except Exception as e:
+            log.error("interception failed; relaying the call unread", path=path, error=repr(e))
+            call = None
         if call is not None:
             self.streams[sid] = _Stream(sid, call)
 

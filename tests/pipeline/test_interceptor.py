@@ -591,3 +591,18 @@ def test_concurrent_pod_lifecycles(start_proxy, fake, open_stub):
                for r in creates)
     wait_until(lambda: len(hook.stages(UPDATE_CONTAINER_RESOURCES)) == 96)
     assert proxy.interceptor.counters["hook_rec_pre_failed"] == 0
+
+
+def test_a_bug_in_the_pipeline_never_loses_the_call(start_proxy, fake, open_stub):
+    """If interception itself raises, the relay forwards the request as it came."""
+    proxy = start_proxy([Recorder(methods={CREATE_CONTAINER}, pre=set_cpuset("7"))])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the pipeline")
+
+    proxy.daemon.interceptor.on_request = broken
+    req = create_request("f" * 64)
+    reply = open_stub(proxy.address).CreateContainer(req, timeout=5)
+    assert len(reply.container_id) == 64
+    assert fake.last(CREATE).request == req.SerializeToString()
+    assert any(e["message"].startswith("interception failed") for e in proxy.log_lines())
