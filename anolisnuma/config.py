@@ -121,6 +121,10 @@ class PathsConfig:
         return cfg
 
 
+# The hooks the daemon can build (anolisnuma.daemon.build_hooks), by name.
+HOOK_NAMES = ("numa", "qos")
+
+
 @dataclass
 class HookSettings:
     budget_seconds: float = 2.0
@@ -147,6 +151,8 @@ class HooksConfig:
         for name in t.keys():
             if name in ("budget_seconds", "failure_policy", "skip_keys"):
                 continue
+            if name not in HOOK_NAMES:
+                raise ConfigError(t.key(name), f"unknown key (hooks are {', '.join(HOOK_NAMES)})")
             per_hook[name] = _hook_settings(t.table(name), default, finish=True)
         t.finish()
         return cls(default=default, per_hook=per_hook, skip_keys=skip_keys)

@@ -157,6 +157,7 @@ def test_hooks_default_and_per_hook_settings():
     ({"numa": {"budget_seconds": 1000}}, "hooks.numa.budget_seconds"),
     ({"numa": {"budget": 1}}, "hooks.numa.budget"),
     ({"numa": 3}, "hooks.numa"),
+    ({"qoss": {"failure_policy": "fail"}}, "hooks.qoss"),  # a misspelt hook name
 ])
 def test_hooks_errors_name_the_key(values, key):
     assert error_of(HooksConfig, values, "hooks").key == key
