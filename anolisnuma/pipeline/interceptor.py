@@ -150,8 +150,8 @@ class Interceptor:
         post = self._post[pc.method]
         if post:
             asyncio.ensure_future(self._run_post(pc, post))
-        if pc.method == H.REMOVE_POD_SANDBOX and call.pod is not None:
-            self._pod_locks.pop(_lock_key(call), None)
+        else:
+            self._forget_pod_lock(call)
 
     def on_abort(self, pc: PipelineCall, why: str) -> None:
         pc.log.warning(f"{_WORDS[pc.method]} call ended without a reply", reason=why,
@@ -186,6 +186,15 @@ class Interceptor:
         async with self._lock_for(call):
             for hook in hooks:
                 await self._run_hook(pc, hook, "post", call)
+        self._forget_pod_lock(call)
+
+    def _forget_pod_lock(self, call: H.Call) -> None:
+        """After the pod's last call (RemovePodSandbox), drop its lock unless someone waits."""
+        if call.method != H.REMOVE_POD_SANDBOX or call.pod is None:
+            return
+        lock = self._pod_locks.get(_lock_key(call))
+        if lock is not None and not lock.locked():
+            del self._pod_locks[_lock_key(call)]
 
     async def _run_hook(self, pc: PipelineCall, hook: H.Hook, stage: str, call: H.Call) -> Optional[BaseException]:
         """Run one hook stage within its budget; the error it raised (or a timeout), else None.

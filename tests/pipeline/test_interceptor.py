@@ -606,3 +606,14 @@ def test_a_bug_in_the_pipeline_never_loses_the_call(start_proxy, fake, open_stub
     assert len(reply.container_id) == 64
     assert fake.last(CREATE).request == req.SerializeToString()
     assert any(e["message"].startswith("interception failed") for e in proxy.log_lines())
+
+
+def test_a_removed_pod_leaves_no_lock_behind(start_proxy, fake, open_stub):
+    proxy = start_proxy([Recorder()])
+    stub = open_stub(proxy.address)
+    for n in range(5):
+        cfg = sandbox_config(name=f"short-lived-{n}")
+        sid = stub.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=5).pod_sandbox_id
+        stub.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=5)
+        stub.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=5)
+    wait_until(lambda: not proxy.interceptor._pod_locks)
