@@ -6,14 +6,10 @@ import os
 import time
 
 import pytest
-from cri_client import BUSYBOX_IMAGE, PAUSE_IMAGE, pb
+from cri_client import BUSYBOX_IMAGE, PAUSE_IMAGE, pb, read_file
 
 CG = "/sys/fs/cgroup"
 
-
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
 
 
 def test_version_names_containerd(kubelet_direct, containerd):
@@ -51,19 +47,19 @@ def test_host_network_pod_resources_land_in_cgroup_files(kubelet_direct):
     assert status.state == pb.CONTAINER_RUNNING
     assert info["runtimeSpec"]["linux"]["cgroupsPath"] == f"{pod.cgroup_parent}/{cid}"
     d = {c: f"{CG}/{c}{pod.cgroup_parent}/{cid}" for c in ("cpu", "cpuset", "memory")}
-    assert _read(f"{d['cpu']}/cpu.shares") == "512"
-    assert _read(f"{d['cpu']}/cpu.cfs_quota_us") == "150000"
-    assert _read(f"{d['cpuset']}/cpuset.cpus") == "1"
-    assert _read(f"{d['memory']}/memory.limit_in_bytes") == str(64 << 20)
-    assert str(info["pid"]) in _read(f"{d['cpu']}/cgroup.procs").split()
+    assert read_file(f"{d['cpu']}/cpu.shares") == "512"
+    assert read_file(f"{d['cpu']}/cpu.cfs_quota_us") == "150000"
+    assert read_file(f"{d['cpuset']}/cpuset.cpus") == "1"
+    assert read_file(f"{d['memory']}/memory.limit_in_bytes") == str(64 << 20)
+    assert str(info["pid"]) in read_file(f"{d['cpu']}/cgroup.procs").split()
 
     # and an update lands there too
     kubelet_direct.update_resources(cid, kubelet_direct.resources(
         cpu_shares=256, cpu_period=100000, cpu_quota=50000, memory_limit=96 << 20,
         cpuset_cpus="0", cpuset_mems="0"))
-    assert _read(f"{d['cpu']}/cpu.shares") == "256"
-    assert _read(f"{d['cpuset']}/cpuset.cpus") == "0"
-    assert _read(f"{d['memory']}/memory.limit_in_bytes") == str(96 << 20)
+    assert read_file(f"{d['cpu']}/cpu.shares") == "256"
+    assert read_file(f"{d['cpuset']}/cpuset.cpus") == "0"
+    assert read_file(f"{d['memory']}/memory.limit_in_bytes") == str(96 << 20)
 
     # and stop/remove take the container and then the pod cgroup away
     kubelet_direct.stop_container(cid)

@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import grpc
 import pytest
-from cri_client import KubeletLike, Pod, pb
+from cri_client import KubeletLike, Pod, pb, read_file, wait_for
 
 from anolisnuma.config import Config
 from anolisnuma.daemon import build_hooks
@@ -58,20 +58,11 @@ RESYNC_LINE = "NUMA allocations reconciled with containerd"
 
 # ------------------------------------------------------------------------------ helpers
 
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
 
 
-def _wait(cond: Callable[[], Any], what: str, timeout: float = 8.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+def _wait(cond: Callable[[], Any], what: str, timeout: float = 8.0) -> Any:
+    """wait_for with this file's longer default: the subprocess proxy restarts here."""
+    return wait_for(cond, what, timeout, interval=0.05)
 
 
 def two_node_topology() -> FakeTopology:
@@ -114,7 +105,7 @@ def real_cpuset(client: KubeletLike, cid: str) -> Tuple[str, str, str]:
     linux = info["runtimeSpec"]["linux"]
     d = f"{CG}/cpuset{linux['cgroupsPath']}"
     spec_cpus = ((linux.get("resources") or {}).get("cpu") or {}).get("cpus", "")
-    return _read(f"{d}/cpuset.cpus"), _read(f"{d}/cpuset.mems"), spec_cpus
+    return read_file(f"{d}/cpuset.cpus"), read_file(f"{d}/cpuset.mems"), spec_cpus
 
 
 def real_cpus(client: KubeletLike, cid: str) -> str:
@@ -289,7 +280,7 @@ def test_balance_pins_real_cgroups_and_merges_kubelet_updates(containerd, direct
         kl.update_resources(main_b, kl.resources(cpu_shares=2, cpuset_cpus="0-1"))
         _, info = direct.container_status(main)
         cpu_dir = f"{CG}/cpu{info['runtimeSpec']['linux']['cgroupsPath']}"
-        assert _read(f"{cpu_dir}/cpu.cfs_quota_us") == "80000"   # not swallowed
+        assert read_file(f"{cpu_dir}/cpu.cfs_quota_us") == "80000"   # not swallowed
         assert real_cpuset(direct, main)[::2] == ("0", "0")
         assert real_cpuset(direct, main_b)[::2] == ("1", "1")
         assert alloc_of(hook, pod.uid).containers[main].millicpu == 800   # in-place resize counted

@@ -11,16 +11,11 @@ import time
 
 import grpc
 import pytest
-from cri_client import KubeletLike, pb
+from cri_client import KubeletLike, pb, read_file, wait_for
 
 from anolisnuma.testing.proxy import InProcessProxy
 
 CG = "/sys/fs/cgroup"
-
-
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
 
 
 def _cgroup_dir(controller: str, info: dict) -> str:
@@ -51,18 +46,18 @@ def test_host_network_pod_lifecycle_through_proxy(kubelet, kubelet_direct, proxy
     assert status.state == pb.CONTAINER_RUNNING
     cpu_dir, mem_dir, cpuset_dir = (_cgroup_dir(c, info) for c in ("cpu", "memory", "cpuset"))
     assert cpu_dir.startswith(f"{CG}/cpu{pod.cgroup_parent}/")
-    assert _read(f"{cpu_dir}/cpu.shares") == "512"
-    assert _read(f"{cpu_dir}/cpu.cfs_quota_us") == "150000"
-    assert _read(f"{mem_dir}/memory.limit_in_bytes") == str(128 << 20)
-    assert _read(f"{cpuset_dir}/cpuset.cpus") == "0"
+    assert read_file(f"{cpu_dir}/cpu.shares") == "512"
+    assert read_file(f"{cpu_dir}/cpu.cfs_quota_us") == "150000"
+    assert read_file(f"{mem_dir}/memory.limit_in_bytes") == str(128 << 20)
+    assert read_file(f"{cpuset_dir}/cpuset.cpus") == "0"
 
     # UpdateContainerResources lands in the real cgroup files.
     kubelet.update_resources(cid, kubelet.resources(cpu_shares=256, cpu_quota=50000, cpu_period=100000,
                                                     memory_limit=96 << 20, cpuset_cpus="0-1", cpuset_mems="0"))
-    assert _read(f"{cpu_dir}/cpu.shares") == "256"
-    assert _read(f"{cpu_dir}/cpu.cfs_quota_us") == "50000"
-    assert _read(f"{mem_dir}/memory.limit_in_bytes") == str(96 << 20)
-    assert _read(f"{cpuset_dir}/cpuset.cpus") == "0-1"
+    assert read_file(f"{cpu_dir}/cpu.shares") == "256"
+    assert read_file(f"{cpu_dir}/cpu.cfs_quota_us") == "50000"
+    assert read_file(f"{mem_dir}/memory.limit_in_bytes") == str(96 << 20)
+    assert read_file(f"{cpuset_dir}/cpuset.cpus") == "0-1"
 
     r = kubelet.exec_sync(cid, ["echo", "hello from the pod"])
     assert r.exit_code == 0 and r.stdout == b"hello from the pod\n"
@@ -86,10 +81,8 @@ def test_host_network_pod_lifecycle_through_proxy(kubelet, kubelet_direct, proxy
     kubelet.remove_container(cid)
     kubelet.stop_pod(pod)
     kubelet.remove_pod(pod)
-    deadline = time.monotonic() + 3  # the store follows right after the reply went out
-    while store.container(cid) is not None or store.pod(pod.id) is not None:
-        assert time.monotonic() < deadline, "the store kept a removed pod"
-        time.sleep(0.01)
+    wait_for(lambda: store.container(cid) is None and store.pod(pod.id) is None,
+             "the store to forget the removed pod", timeout=3, interval=0.01)
     assert not os.path.exists(cpu_dir)
 
     # One log line per intercepted request and reply, with the pod's identity.

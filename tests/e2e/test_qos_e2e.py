@@ -18,13 +18,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import time
 import uuid
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import grpc
 import pytest
-from cri_client import KubeletLike, pb
+from cri_client import KubeletLike, pb, read_file, wait_for
 
 from anolisnuma import logsetup
 from anolisnuma.config import HookSettings, PathsConfig
@@ -77,21 +76,6 @@ PARENTS = {"guaranteed": "/kubepods", "burstable": "/kubepods/burstable",
 
 # ------------------------------------------------------------------------------ helpers
 
-def _read(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
-
-
-def _wait(cond: Callable[[], Any], what: str, timeout: float = 5.0) -> Any:
-    """Poll ``cond`` (post-hooks run after the reply reached the client)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _fake_kernel(base: str, **resctrl: Any) -> FakeKernel:
@@ -149,7 +133,7 @@ def _fake_values(fk: FakeKernel, rel: str, names: Sequence[str]) -> Dict[str, in
 
 
 def _real_tids(cgroups_path: str) -> List[int]:
-    return [int(t) for t in _read(f"{CG}/cpu{cgroups_path}/tasks").split()]
+    return [int(t) for t in read_file(f"{CG}/cpu{cgroups_path}/tasks").split()]
 
 
 def _lines(p: InProcessProxy, message: str, **match: Any) -> List[dict]:
@@ -260,7 +244,7 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
         for name, m in made.items():
             if name == LATE:
                 continue
-            _wait(lambda: str(m["pid"]) in fk.resctrl.tasks(m["group"]),
+            wait_for(lambda: str(m["pid"]) in fk.resctrl.tasks(m["group"]),
                   f"pid {m['pid']} of {name} in {m['group']}/tasks")
             assert m["cid"] in mirror.mirrored and m["pid"] in mirror.mirrored[m["cid"]]
             want = {k: POD_VALUES[m["level"]][k] for k in CONTAINER_KNOBS}
@@ -301,7 +285,7 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
                 except OSError:
                     pass
             return None
-        exec_pid = _wait(sleeper, "the exec'd sleep 31 in the real container cgroup")
+        exec_pid = wait_for(sleeper, "the exec'd sleep 31 in the real container cgroup")
         assert str(exec_pid) not in fk.resctrl.tasks("anolisnuma-all")
         fk.cgroup.set_tids(ls["crel"], _real_tids(ls["cgroups_path"]))
         counts = hook.run_once()
@@ -323,7 +307,7 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
         hook.reconciler.start()
         try:
             fk.cgroup.set(made["koord-lsr"]["crel"], "cpu.bvt_warp_ns", -1)
-            _wait(lambda: fk.cgroup.read(made["koord-lsr"]["crel"], "cpu.bvt_warp_ns") == "2",
+            wait_for(lambda: fk.cgroup.read(made["koord-lsr"]["crel"], "cpu.bvt_warp_ns") == "2",
                   "the reconciler thread to repair cpu.bvt_warp_ns")
         finally:
             hook.reconciler.stop()
@@ -343,7 +327,7 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
 
         # Pods removed through the proxy are forgotten.
         assert not kl.cleanup()
-        _wait(lambda: len(hook.state) == 0, "the hook to forget the removed pods")
+        wait_for(lambda: len(hook.state) == 0, "the hook to forget the removed pods")
 
 
 # -------------------------------------------------------------- 2. hostile annotations
@@ -444,7 +428,7 @@ def test_refused_knob_write_ignore_and_fail_policy(containerd, kubelet_direct, t
         assert "cpu.bvt_warp_ns" in err.value.details()
         assert uid2 not in {s.metadata.uid for s in kubelet_direct.list_pods()}
         # (logged by the relay once the refusal is sent: wait for it)
-        rep = _wait(lambda: _lines(p, "run pod sandbox reply from anolisnuma", pod_name="refuse-fail"),
+        rep = wait_for(lambda: _lines(p, "run pod sandbox reply from anolisnuma", pod_name="refuse-fail"),
                     "the refusal's reply log line")
         assert rep[-1]["status"] == "INTERNAL"
         assert not _lines(p, "run pod sandbox reply from containerd", pod_name="refuse-fail")
@@ -522,7 +506,7 @@ def test_real_cgroup_tree_probe_paths_and_no_writes(containerd, tmp_path):
             assert all(c.targets == [] for c in managed.containers.values())
             # StartContainer post moved the container's REAL threads (read from the real
             # cgroup's tasks file, no mirroring) into the group.
-            _wait(lambda: str(info["pid"]) in rc.tasks(group), f"pid {info['pid']} in {group}/tasks")
+            wait_for(lambda: str(info["pid"]) in rc.tasks(group), f"pid {info['pid']} in {group}/tasks")
             for k in knobs.CGROUP_KNOBS:
                 assert not os.path.exists(cg.knob_path(k, pc.rel))
                 assert not os.path.exists(cg.knob_path(k, crel))
@@ -541,7 +525,7 @@ def test_real_cgroup_tree_probe_paths_and_no_writes(containerd, tmp_path):
         for pc in made:
             for ctrl in V1_HIERARCHIES:
                 assert not os.path.exists(cg.dir(ctrl, pc.rel)), (ctrl, pc.rel)
-        _wait(lambda: len(hook.state) == 0, "the hook to forget the removed pods")
+        wait_for(lambda: len(hook.state) == 0, "the hook to forget the removed pods")
     assert not _probe_leftovers()
 
 
