@@ -42,13 +42,12 @@ _WORDS = {
 class PipelineCall:
     """One intercepted call on its way through the pipeline."""
 
-    __slots__ = ("spec", "started", "call", "request_ok", "skip_hooks", "log")
+    __slots__ = ("spec", "started", "call", "skip_hooks", "log")
 
     def __init__(self, spec: methods.MethodSpec) -> None:
         self.spec = spec
         self.started = time.perf_counter()
         self.call: Optional[H.Call] = None
-        self.request_ok = False
         self.skip_hooks = False
         self.log = log
 
@@ -106,7 +105,6 @@ class Interceptor:
         request = self._decode(pc, body, pc.spec.request, "request")
         if request is None:
             return forward
-        pc.request_ok = True
         call = H.Call(method=pc.method, request=request)
         self._resolve(call)
         pc.call = call
