@@ -58,9 +58,13 @@ class Recorder(Hook):
         return [(s, m) for s, m, *_ in self.seen if method is None or m == method]
 
 
-def wait_until(cond: Callable[[], bool], timeout: float = 3.0) -> None:
+def wait_until(cond: Callable[[], Any], timeout: float = 3.0) -> Any:
+    """Poll ``cond`` until it returns something true, and return that."""
     deadline = time.monotonic() + timeout
-    while not cond():
+    while True:
+        value = cond()
+        if value:
+            return value
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
@@ -498,9 +502,12 @@ def test_request_and_reply_log_lines(start_proxy, fake, open_stub):
     fake.set_error(RUN, grpc.StatusCode.NOT_FOUND, "sandbox image not found")
     with pytest.raises(grpc.RpcError):
         stub.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="web-2", namespace="shop")), timeout=5)
-    lines = proxy.log_lines()
-    req = [l for l in lines if l.get("message") == "run pod sandbox request from kubelet"]
-    rep = [l for l in lines if l.get("message") == "run pod sandbox reply from containerd"]
+    # the reply line is written right after the reply's bytes went out to the client
+    def reply_lines():
+        return [l for l in proxy.log_lines() if l.get("message") == "run pod sandbox reply from containerd"]
+    wait_until(lambda: len(reply_lines()) == 2)
+    rep = reply_lines()
+    req = [l for l in proxy.log_lines() if l.get("message") == "run pod sandbox request from kubelet"]
     assert [l["pod_name"] for l in req] == ["web-1", "web-2"]
     assert [l["pod_name"] for l in rep] == ["web-1", "web-2"]
     ok, failed = rep
@@ -527,8 +534,9 @@ def test_error_status_in_trailers_split_over_continuation_frames(start_proxy, fa
     with pytest.raises(grpc.RpcError) as e:
         stub.StartContainer(pb.StartContainerRequest(container_id="f" * 64), timeout=5)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
-    replies = [l for l in proxy.log_lines() if l.get("message") == "start container reply from containerd"]
-    assert replies and replies[-1]["status"] == "NOT_FOUND"
+    replies = wait_until(lambda: [l for l in proxy.log_lines()
+                                  if l.get("message") == "start container reply from containerd"])
+    assert replies[-1]["status"] == "NOT_FOUND"
 
 
 # ---------------------------------------------------------------- cancellation and concurrency
