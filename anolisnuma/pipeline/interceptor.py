@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from anolisnuma.config import HooksConfig
 from anolisnuma.cri import grpcwire, methods
+from anolisnuma.logsummary import EventSummary
 from anolisnuma.pipeline import hooks as H
 from anolisnuma.pipeline.decision import Decision
 from anolisnuma.pipeline.context import container_from_create, describe, pod_from_sandbox_config, resources_of
@@ -73,6 +74,8 @@ class Interceptor:
         self._skip_keys = tuple(config.skip_keys)
         self._overrunning: Dict[str, int] = {}
         self._debug = False
+        # A client can reset intercepted streams at will: one line per kind, then counts.
+        self.aborts = EventSummary(log, "intercepted call ended without a reply")
 
     def set_debug(self, enabled: bool) -> None:
         self._debug = enabled
@@ -152,8 +155,9 @@ class Interceptor:
             self._forget_pod_lock(call)
 
     def on_abort(self, pc: PipelineCall, why: str) -> None:
-        pc.log.warning(f"{_WORDS[pc.method]} call ended without a reply", reason=why,
-                       latency_ms=round((time.perf_counter() - pc.started) * 1000, 3))
+        ids = describe(pc.call) if pc.call is not None else {"method": pc.method}
+        self.aborts.note((pc.method, why), reason=why,
+                         latency_ms=round((time.perf_counter() - pc.started) * 1000, 3), **ids)
 
     # ---------------------------------------------------------------- hooks
     async def _run_pre(self, pc: PipelineCall, hooks: List[H.Hook], original: bytes) -> Decision:
