@@ -2,7 +2,8 @@
 
 - the parent directory is created;
 - a lock file beside the socket (``<socket>.lock``, flock) makes a second instance fail
-  at once, even while the first one is still starting;
+  at once, even while the first one is still starting; only a regular file of ours is
+  used as one (never through a symbolic link, never a FIFO or device);
 - a socket file nobody answers on is stale (left by a crash or ``kill -9``) and removed;
   one a live process answers on means another instance: refuse to start;
 - the socket mode is set before anyone can connect (bind under a restrictive umask).
@@ -57,18 +58,45 @@ class UnixListener:
         return sock
 
     def _take_lock(self) -> None:
+        """Lock ``<socket>.lock`` and write our pid into it.
+
+        The daemon runs as root: whatever sits at the lock path must be our own regular
+        file before it is written. A symbolic link (O_NOFOLLOW), a FIFO or device (opened
+        O_NONBLOCK, so a FIFO cannot hang the start; refused after fstat), a hard link to
+        some other file or a file of another user is refused, and nothing is truncated.
+        """
         lock_path = self.path + ".lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:  # not even opened when it is plainly something else (a device's open may act)
+            if not stat.S_ISREG(os.lstat(lock_path).st_mode):
+                raise ListenerError(_not_a_lock_file(lock_path))
+        except FileNotFoundError:
+            pass
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(lock_path, flags, 0o600)
         except OSError as e:
+            if e.errno == errno.ELOOP:  # O_NOFOLLOW: a symbolic link planted since the lstat
+                raise ListenerError(_not_a_lock_file(lock_path)) from e
+            raise ListenerError(f"cannot open the lock file {lock_path}: {e.strerror}") from e
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ListenerError(_not_a_lock_file(lock_path))
+            if st.st_nlink != 1 or st.st_uid != os.geteuid():
+                raise ListenerError(f"{lock_path} is not a file of ours (links: {st.st_nlink}, owner uid "
+                                    f"{st.st_uid}); refusing to use it as the lock file (remove it)")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise ListenerError(f"another anolisnuma instance is running on {self.path} "
+                                        f"(it holds {lock_path})") from e
+                raise ListenerError(f"cannot lock {lock_path}: {e.strerror}") from e
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except BaseException:
             os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ListenerError(f"another anolisnuma instance is running on {self.path} "
-                                    f"(it holds {lock_path})") from e
-            raise ListenerError(f"cannot lock {lock_path}: {e.strerror}") from e
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+            raise
         self._lock_fd = fd
 
     def _clear_stale(self) -> None:
@@ -107,3 +135,8 @@ class UnixListener:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _not_a_lock_file(lock_path: str) -> str:
+    return (f"{lock_path} exists and is not a regular file (a symbolic link, FIFO, device...); "
+            f"refusing to use it as the lock file (remove it if it is not yours)")
