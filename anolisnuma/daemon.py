@@ -92,7 +92,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         sock = self.listener.open()
-        server = await loop.create_unix_server(self.relay.protocol, sock=sock)
+        # asyncio listens again on the socket it is given, with a backlog of 100 unless told.
+        server = await loop.create_unix_server(self.relay.protocol, sock=sock, backlog=self.listener.backlog)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         log.info("anolisnuma listening", version=__version__, listen=self.config.server.listen,

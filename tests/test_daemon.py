@@ -37,3 +37,47 @@ def test_disabled_policies_build_no_hooks(tmp_path):
     cfg = _config(tmp_path)
     cfg.numa = NumaConfig(enabled=False)
     assert build_hooks(cfg) == []
+
+
+def test_listen_backlog_is_kept_when_asyncio_serves_the_socket(sockdir):
+    """UnixListener listens with a backlog of 1024; asyncio's create_unix_server listens
+    again on the socket, with 100 unless told. With the event loop busy (not accepting),
+    a burst of connections must all be queued by the kernel, not refused (EAGAIN)."""
+    import socket
+    import threading
+
+    from anolisnuma.testing.proxy import InProcessProxy, make_config
+
+    burst = 300
+    with open("/proc/sys/net/core/somaxconn") as f:
+        if int(f.read()) < burst:
+            pytest.skip("net.core.somaxconn caps every backlog below the burst")
+    proxy = InProcessProxy(make_config(sockdir, os.path.join(sockdir, "nobody.sock")), configure_logging=False)
+    proxy.start()
+    entered, release = threading.Event(), threading.Event()
+
+    def hold_the_loop() -> None:
+        entered.set()
+        release.wait(10)
+
+    clients = []
+    try:
+        assert proxy.daemon.listener.backlog >= burst
+        proxy.call_in_loop(hold_the_loop)
+        assert entered.wait(5)
+        queued = 0
+        for _ in range(burst):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.setblocking(False)
+            clients.append(c)
+            try:
+                c.connect(proxy.socket_path)
+            except BlockingIOError:  # the accept queue is full
+                break
+            queued += 1
+        assert queued == burst
+    finally:
+        release.set()
+        for c in clients:
+            c.close()
+        proxy.stop()
