@@ -42,6 +42,11 @@ class ServerConfig:
     max_message_bytes: int = 16 * MIB
     # How long SIGTERM waits for in-flight calls before closing connections.
     shutdown_grace_seconds: float = 10.0
+    # What the relay may buffer (held intercepted requests, reply copies, bytes waiting for
+    # containerd's flow-control window): per kubelet connection and for the whole daemon.
+    # Past either, new intercepted calls are refused with RESOURCE_EXHAUSTED.
+    buffer_bytes_per_connection: int = 32 * MIB
+    buffer_bytes_total: int = 64 * MIB
 
     @classmethod
     def from_table(cls, t: Table) -> "ServerConfig":
@@ -52,11 +57,21 @@ class ServerConfig:
             raise ConfigError(t.key("socket_mode"), f"must be an octal string like \"0660\"; got {mode!r}")
         if not 0 <= socket_mode <= 0o777:
             raise ConfigError(t.key("socket_mode"), f"must be within 0000..0777; got {mode!r}")
+        max_message_bytes = t.int("max_message_bytes", cls.max_message_bytes, min=16 * MIB, max=2**31 - 1)
+        # The budgets' defaults hold two messages of the largest size per connection and
+        # two connections' worth in all; explicit values must hold at least one message.
+        per_connection = t.int("buffer_bytes_per_connection", max(cls.buffer_bytes_per_connection,
+                                                                   2 * max_message_bytes),
+                               min=max_message_bytes, max=2**40)
+        total = t.int("buffer_bytes_total", max(cls.buffer_bytes_total, 2 * per_connection),
+                      min=per_connection, max=2**40)
         cfg = cls(
             listen=_socket_path(t, "listen", cls.listen),
             socket_mode=socket_mode,
-            max_message_bytes=t.int("max_message_bytes", cls.max_message_bytes, min=16 * MIB, max=2**31 - 1),
+            max_message_bytes=max_message_bytes,
             shutdown_grace_seconds=t.float("shutdown_grace_seconds", cls.shutdown_grace_seconds, min=0, max=600),
+            buffer_bytes_per_connection=per_connection,
+            buffer_bytes_total=total,
         )
         t.finish()
         return cfg

@@ -23,7 +23,7 @@ from anolisnuma.reconcile.numa import CpusetRepinner
 from anolisnuma.reconcile.startup import resync_store
 from anolisnuma.state.store import Store
 from anolisnuma.transport.listener import UnixListener
-from anolisnuma.transport.splice import Relay
+from anolisnuma.transport.relay import Relay
 
 log = structlog.get_logger("anolisnuma.daemon")
 
@@ -81,7 +81,9 @@ class Daemon:
         self.interceptor.set_debug(config.log.level == "debug")
         self.relay = Relay(config.runtime.endpoint, self.interceptor,
                            connect_timeout=config.runtime.connect_timeout_seconds,
-                           max_message_bytes=config.server.max_message_bytes)
+                           max_message_bytes=config.server.max_message_bytes,
+                           budget_per_connection=config.server.buffer_bytes_per_connection,
+                           budget_total=config.server.buffer_bytes_total)
         self.listener = UnixListener(config.server.listen, config.server.socket_mode)
         self._stop: Optional[asyncio.Event] = None
         self._resync_task: Optional[asyncio.Task] = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -41,16 +41,22 @@ _WORDS = {
 
 
 class PipelineCall:
-    """One intercepted call on its way through the pipeline."""
+    """One intercepted call on its way through the pipeline.
 
-    __slots__ = ("spec", "started", "call", "skip_hooks", "log")
+    ``holds_request``: some pre-hook may edit or refuse the call, so the relay must hold
+    the request until :meth:`Interceptor.on_request` decided; otherwise the request streams
+    through and :meth:`Interceptor.on_forwarded` only records it.
+    """
 
-    def __init__(self, spec: methods.MethodSpec) -> None:
+    __slots__ = ("spec", "started", "call", "skip_hooks", "log", "holds_request")
+
+    def __init__(self, spec: methods.MethodSpec, holds_request: bool = True) -> None:
         self.spec = spec
         self.started = time.perf_counter()
         self.call: Optional[H.Call] = None
         self.skip_hooks = False
         self.log = log
+        self.holds_request = holds_request
 
     @property
     def method(self) -> str:
@@ -87,44 +93,38 @@ class Interceptor:
             if self._debug:
                 log.debug("pass-through call", method=path)
             return None
-        return PipelineCall(spec)
+        return PipelineCall(spec, holds_request=bool(self._pre[spec.name]))
 
-    def on_request(self, pc: PipelineCall, body: bytes,
-                   may_edit: bool = True) -> Union[Decision, "asyncio.Future[Decision]"]:
-        """Decide what to forward for a complete request. ``may_edit=False``: the relay
-        already forwarded it (too large to hold); it is only recorded and logged."""
-        forward = Decision.forward(body)
-        if may_edit and not self._pre[pc.method]:
-            # Nothing can edit it: forward first, decode and log right after.
-            asyncio.get_running_loop().call_soon(self._observe, pc, body)
-            return forward
-        return self._inspect(pc, body, may_edit, forward)
-
-    def _observe(self, pc: PipelineCall, body: bytes) -> None:
-        self._inspect(pc, body, True, Decision.forward(body))
-
-    def _inspect(self, pc: PipelineCall, body: bytes, may_edit: bool,
-                 forward: Decision) -> Union[Decision, "asyncio.Future[Decision]"]:
-        request = self._decode(pc, body, pc.spec.request, "request")
+    def on_request(self, pc: PipelineCall, body: bytes) -> Union[Decision, "asyncio.Future[Decision]"]:
+        """Decide what to do with a complete held request: forward it (original or edited)
+        or answer it with a status. A request that cannot be read is refused, naming why:
+        the policies it must pass cannot be applied to it."""
+        request, why = self._read(body, pc.spec.request)
         if request is None:
-            return forward
+            self.counters.add("requests_unreadable")
+            log.warning("cannot read the request; call refused", method=pc.method, reason=why)
+            return Decision.refuse(grpcwire.STATUS_CODES["INVALID_ARGUMENT"],
+                                   f"anolisnuma cannot read this {pc.method} request ({why}); "
+                                   f"its policies cannot be applied")
+        self._begin_call(pc, request)
+        if pc.skip_hooks:
+            return Decision.forward(body)
+        return asyncio.ensure_future(self._run_pre(pc, self._pre[pc.method], body))
+
+    def on_forwarded(self, pc: PipelineCall, body: bytes) -> None:
+        """Record and log a request that no pre-hook needed, after it went out."""
+        request = self._decode(pc, body, pc.spec.request, "request")
+        if request is not None:
+            self._begin_call(pc, request)
+
+    def _begin_call(self, pc: PipelineCall, request: Any) -> None:
         call = H.Call(method=pc.method, request=request)
         self._resolve(call)
         pc.call = call
         pc.log = log.bind(**describe(call))
         pc.skip_hooks = self._opted_out(call)
-        if pc.skip_hooks:
-            note = "skipped (pod opted out)"
-        elif not may_edit:
-            note = "pre-hooks skipped (request too large to hold; forwarded unchanged)"
-            self.counters.add("requests_too_large_to_hold")
-        else:
-            note = None
-        pc.log.info(f"{_WORDS[pc.method]} request from kubelet", hooks=note)
-        pre = [] if pc.skip_hooks or not may_edit else self._pre[pc.method]
-        if not pre:
-            return forward
-        return asyncio.ensure_future(self._run_pre(pc, pre, body))
+        pc.log.info(f"{_WORDS[pc.method]} request from kubelet",
+                    hooks="skipped (pod opted out)" if pc.skip_hooks else None)
 
     def on_reply(self, pc: PipelineCall, body: Optional[bytes], status: int, message: str,
                  answered_by_proxy: bool = False) -> None:
@@ -244,20 +244,27 @@ class Interceptor:
 
     # ---------------------------------------------------------------- decoding and records
     def _decode(self, pc: PipelineCall, body: bytes, cls: Any, what: str) -> Any:
+        """The message in a body that was relayed unchanged, or None (logged) when it
+        cannot be read."""
+        message, why = self._read(body, cls)
+        if message is None and body:
+            log.warning(f"cannot read the {what}; relayed unchanged", method=pc.method, reason=why)
+        return message
+
+    def _read(self, body: bytes, cls: Any) -> Tuple[Any, str]:
+        """(the one message of a gRPC body, "") or (None, why it cannot be read)."""
         messages = grpcwire.split_messages(body)
-        if not messages or len(messages) != 1 or messages[0][0]:
-            if body:
-                log.warning(f"cannot read the {what}; relayed unchanged", method=pc.method,
-                            reason="compressed or malformed gRPC body")
-            return None
-        if len(messages[0][1]) > self.max_message_bytes:
-            log.warning(f"{what} larger than server.max_message_bytes; relayed unchanged", method=pc.method)
-            return None
+        if not messages or len(messages) != 1:
+            return None, "not one length-prefixed gRPC message"
+        compressed, data = messages[0]
+        if compressed:
+            return None, "compressed gRPC message"
+        if len(data) > self.max_message_bytes:
+            return None, "larger than server.max_message_bytes"
         try:
-            return cls.FromString(messages[0][1])
+            return cls.FromString(data), ""
         except DecodeError as e:
-            log.warning(f"cannot decode the {what}; relayed unchanged", method=pc.method, error=str(e))
-            return None
+            return None, f"not a {cls.DESCRIPTOR.name}: {e}"
 
     def _resolve(self, call: H.Call) -> None:
         """Find the pod and container a request concerns, from the request or the store."""

@@ -40,15 +40,27 @@ SETTINGS_HEADER_TABLE_SIZE = 0x1
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
 
+DEFAULT_HEADER_TABLE_SIZE = 4096
+MAX_WINDOW = 2**31 - 1
+
 # error codes
 NO_ERROR = 0x0
-CANCEL = 0x8
+PROTOCOL_ERROR = 0x1
+FLOW_CONTROL_ERROR = 0x3
+FRAME_SIZE_ERROR = 0x6
 REFUSED_STREAM = 0x7
+CANCEL = 0x8
+COMPRESSION_ERROR = 0x9
+ENHANCE_YOUR_CALM = 0xB
+
+ERROR_NAMES = {
+    NO_ERROR: "NO_ERROR", PROTOCOL_ERROR: "PROTOCOL_ERROR", FLOW_CONTROL_ERROR: "FLOW_CONTROL_ERROR",
+    FRAME_SIZE_ERROR: "FRAME_SIZE_ERROR", REFUSED_STREAM: "REFUSED_STREAM", CANCEL: "CANCEL",
+    COMPRESSION_ERROR: "COMPRESSION_ERROR", ENHANCE_YOUR_CALM: "ENHANCE_YOUR_CALM",
+}
 
 _HEADER = struct.Struct(">BHBBL")  # 24-bit length split as 8 + 16 bits
 _U32 = struct.Struct(">L")
-
-
 
 def parse_frame_header(buf, offset: int = 0) -> Tuple[int, int, int, int]:
     """(payload length, type, flags, stream id) of the 9-byte header at ``offset``."""

@@ -2,17 +2,31 @@
 
 Why a splice and not a gRPC server plus a gRPC client: a Python gRPC server and client pair
 adds ~450 µs to every call and imposes its own message limits, deadlines and method
-tables. Here the two HTTP/2 connections are joined end to end, so SETTINGS, flow control,
-PING, deadlines (``grpc-timeout``), metadata, status codes, unknown methods, streams and
-message sizes all pass as the peers sent them. The relay only:
+tables. Here the two HTTP/2 connections are joined end to end, so SETTINGS, PING,
+deadlines (``grpc-timeout``), metadata, status codes, unknown methods, streams and message
+sizes all pass as the peers sent them. The relay:
 
 - decodes every header block (HPACK state must be followed in both directions) to learn
   which method each new stream calls and, for intercepted calls, the reply's status;
-- holds the request DATA of intercepted calls until the pipeline decided (other streams
-  keep flowing), then forwards the original or the edited body, or answers the call itself
-  with a status (trailers-only, coded without touching the peer's HPACK table);
-- copies the reply DATA of intercepted calls for the post-hooks while passing it on;
-- keeps connection-level flow control consistent when an edit changes the body length.
+- holds the request of an intercepted call whose pre-hooks need it until the pipeline
+  decided, then sends the original or the edited body, or answers the call itself with a
+  status (trailers-only, coded without touching the peer's HPACK table); an intercepted
+  call no pre-hook needs streams through and is copied for the record;
+- copies the reply of intercepted calls for the post-hooks while passing it on.
+
+Flow control. What the relay holds it has received on the kubelet's behalf, so it credits
+the kubelet at once (connection and stream WINDOW_UPDATE) and charges the bytes to a
+memory budget (:mod:`~anolisnuma.transport.budget`); a held call never blocks the other
+calls of its connection, whatever its size. Bytes the relay sends itself (held bodies,
+edits) are metered within containerd's connection and stream windows, which the relay
+follows; the credit containerd later returns for them is kept from the kubelet
+(``conn_debt``), since the kubelet had it already. When a budget is spent, the newest held
+calls are refused with RESOURCE_EXHAUSTED, never stalled and never passed unpoliced.
+
+No bypass. A connection whose frames or header blocks the relay cannot follow (a bad
+frame size, an undecodable or oversized header block, a flow-control overrun, a client
+that does not speak HTTP/2) is ended with GOAWAY, never relayed unread: the kubelet
+reconnects at once, and every call on the new connection is read again.
 
 When containerd cannot be reached the kubelet's connection is closed at once, which the
 kubelet's gRPC client reports as UNAVAILABLE, exactly as if containerd's own socket were
@@ -24,41 +38,75 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Set, Tuple
 from urllib.parse import unquote
 
-import hpack
 import structlog
 
+from anolisnuma.cri import grpcwire
 from anolisnuma.pipeline.decision import Decision
 from anolisnuma.transport import h2
+from anolisnuma.transport.budget import MemoryBudget
+from anolisnuma.transport.headers import MAX_HEADER_BLOCK_BYTES, HeaderBlockDecoder, HeaderBlockError
+
+if TYPE_CHECKING:
+    from anolisnuma.transport.relay import Relay
 
 log = structlog.get_logger("anolisnuma.transport")
 
-# Holding more than this much request data of one stream could exhaust the kubelet's
-# HTTP/2 window towards containerd (65535 bytes at minimum) and deadlock the call, so a
-# larger intercepted request is forwarded unchanged instead (and that is logged).
-MAX_HELD_BYTES = 32 * 1024
+RESOURCE_EXHAUSTED = grpcwire.STATUS_CODES["RESOURCE_EXHAUSTED"]
+
+# Charged per intercepted stream for its bookkeeping, so that a flood of streams that
+# send nothing is bounded by the budget as well.
+STREAM_OVERHEAD_BYTES = 1024
+# Bytes waiting for containerd's connection window past which the kubelet is not read
+# until they drain to half of it (frames without flow control, e.g. HEADERS, queue too).
+QUEUE_PAUSE_BYTES = 1 << 20
+# Bytes written to the kubelet and not yet taken by it past which the kubelet is not read:
+# what it sends makes us write (credits, refusals), so a client that never reads cannot
+# make the relay buffer without end.
+DOWN_BACKLOG_PAUSE_BYTES = 4 << 20
+# Refused streams whose remaining DATA is still dropped; older ones are forgotten (their
+# late DATA then reaches containerd, which ignores data of a cancelled stream).
+MAX_REFUSED_REMEMBERED = 4096
+# After the relay closes a kubelet connection, how long the kubelet may take to read what
+# was written (a GOAWAY, last replies) before the connection is aborted.
+CLOSE_LINGER_SECONDS = 2.0
 
 _conn_ids = itertools.count(1)
+
+
+class ConnectionFault(Exception):
+    """The connection can no longer be followed and must end with ``code``."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
 
 
 class _Stream:
     """Per-stream state of an intercepted call (pass-through streams carry none)."""
 
-    __slots__ = ("sid", "call", "held", "held_flow", "holding", "copy", "copy_len", "answered",
+    __slots__ = ("sid", "call", "holding", "held", "held_len", "request_done", "copy", "copy_len",
+                 "charged", "up_window", "outbox", "outbox_pos", "sends_own_body", "answered",
                  "reply", "reply_len", "reply_overflow", "status", "status_message", "done")
 
-    def __init__(self, sid: int, call: Any) -> None:
+    def __init__(self, sid: int, call: Any, holding: bool, up_window: int) -> None:
         self.sid = sid
         self.call = call
+        self.holding = holding        # request DATA kept until the pipeline decided
         self.held: List[bytes] = []
-        self.held_flow = 0
-        self.holding = True
-        self.copy: Optional[List[bytes]] = None  # request too big to hold: copied as it passes
+        self.held_len = 0
+        self.request_done = False     # the kubelet sent END_STREAM
+        self.copy: Optional[List[bytes]] = None if holding else []  # streamed through: copied
         self.copy_len = 0
-        self.answered = False       # we answered the kubelet ourselves
+        self.charged = 0              # bytes of the budget this stream holds
+        self.up_window = up_window    # containerd's window for this stream (bodies we send)
+        self.outbox = b""             # decided body waiting for containerd's stream window
+        self.outbox_pos = 0
+        self.sends_own_body = holding  # containerd's stream credit is ours, not the kubelet's
+        self.answered = False         # we answered the kubelet ourselves
         self.reply: List[bytes] = []
         self.reply_len = 0
         self.reply_overflow = False
@@ -80,8 +128,13 @@ class _Reader:
         self.need_preface = expect_preface
         self.passing = 0            # bytes of the current frame still to forward as-is
         self.in_header_block = False
-        self.pending: List[Tuple[bytes, int]] = []   # (frame, flow-controlled length)
-        self.tail: Optional[tuple] = None   # (type, flags, stream) of a frame still streaming
+        self.header_sid = 0
+        self.header_end_stream = False
+        self.block = bytearray()
+        self.max_frame = h2.DEFAULT_MAX_FRAME_SIZE   # what the receiving peer accepts
+        self.pending: List[tuple] = []    # frames of ours waiting for a frame boundary
+        self.tail: Optional[int] = None   # stream whose END_STREAM frame is still streaming
+        self.whole_pending = False        # the frame at the head of ``buf`` is read whole
 
     @property
     def at_boundary(self) -> bool:
@@ -89,48 +142,38 @@ class _Reader:
 
 
 class Splice:
-    """One kubelet connection joined to one containerd connection.
-
-    Flow control: the kubelet spends containerd's connection window; as long as requests
-    pass unchanged, both see the same bytes and agree on it. An edit that makes a request
-    larger spends more of containerd's window than the kubelet counted, so the relay keeps
-    its own count of containerd's window (``up_window``): DATA that would overrun it waits
-    in ``up_queue`` until containerd grants more, and the extra credit containerd then
-    returns is kept from the kubelet (``conn_debt``) so the two counts meet again. An edit
-    that makes a request smaller is given back to the kubelet with a WINDOW_UPDATE.
-    """
+    """One kubelet connection joined to one containerd connection."""
 
     def __init__(self, relay: "Relay", down: asyncio.Transport) -> None:
         self.relay = relay
         self.interceptor = relay.interceptor
+        self.max_message_bytes = relay.max_message_bytes
         self.cid = next(_conn_ids)
+        self.budget = MemoryBudget(relay.budget_per_connection, parent=relay.budget)
         self.down = down                      # kubelet side
         self.up: Optional[asyncio.Transport] = None
         self.k2c = _Reader(expect_preface=True)
         self.c2k = _Reader(expect_preface=False)
-        self.k2c_hpack = hpack.Decoder()
-        self.c2k_hpack = hpack.Decoder()
-        for d in (self.k2c_hpack, self.c2k_hpack):
-            # Enforcing table limits is the peers' business; we only follow their state.
-            d.max_allowed_table_size = 1 << 30
-            d.max_header_list_size = 1 << 30
-        self.header_block = {True: bytearray(), False: bytearray()}
-        self.header_sid = {True: 0, False: 0}
-        self.header_end_stream = {True: False, False: False}
+        self.k2c_hpack = HeaderBlockDecoder()
+        self.c2k_hpack = HeaderBlockDecoder()
         self.streams: Dict[int, _Stream] = {}
-        self.open_streams: set = set()
+        self.open_streams: Set[int] = set()
         self.max_sid = 0
         self.goaway_sid: Optional[int] = None   # set when we told the kubelet to go away
-        self.refused_sids: set = set()
-        self.up_max_frame = h2.DEFAULT_MAX_FRAME_SIZE
-        self.up_stream_window = h2.DEFAULT_WINDOW   # containerd's initial stream window
-        self.up_window = h2.DEFAULT_WINDOW          # containerd's connection window left
-        self.up_queue: Deque[Tuple[bytes, int]] = deque()
-        self.conn_debt = 0                    # credit containerd will give that the kubelet must not get
-        self.up_out: List[bytes] = []
-        self.down_out: List[bytes] = []
-        self.blind = False                    # HPACK state lost: relay frames unread, intercept nothing
-        self.raw = False                      # not HTTP/2 at all: relay bytes
+        self.refused: "OrderedDict[int, None]" = OrderedDict()  # whose DATA we drop
+        # containerd's side of flow control, as we follow it
+        self.up_stream_window = h2.DEFAULT_WINDOW   # its initial stream window
+        self.up_window = h2.DEFAULT_WINDOW          # its connection window left
+        self.up_queue: Deque[tuple] = deque()       # (frame, flow, charge, ours) awaiting it
+        self.up_queue_bytes = 0
+        self.conn_debt = 0                          # credit containerd returns that the kubelet had
+        # the kubelet's side: what it may still send us on the connection
+        self.down_window = h2.DEFAULT_WINDOW
+        self.down_credit = 0                        # connection credit to give at the next flush
+        self.down_stream_credit: Dict[int, int] = {}
+        self.up_out: List[Any] = []
+        self.down_out: List[Any] = []
+        self.paused: Set[str] = set()               # why the kubelet is not being read
         self.closed = False
         self.idle_waiters: List[asyncio.Future] = []
 
@@ -142,57 +185,104 @@ class Splice:
             self.from_kubelet(b"")
 
     def close(self, why: str = "") -> None:
+        """Close both connections and end every intercepted call still open.
+
+        containerd's side is aborted: nobody waits for what it would still read or write,
+        and a close that waits for a full buffer to drain would leak the connection. The
+        kubelet's side gets a moment to read what was written (a GOAWAY), then is aborted.
+        """
         if self.closed:
             return
         self.closed = True
-        for t in (self.down, self.up):
-            if t is not None:
-                t.close()
-        for st in self.streams.values():
+        if self.up is not None:
+            self.up.abort()
+        if self.down_out:
+            self.down.write(b"".join(self.down_out))
+            self.down_out.clear()
+        self.down.close()
+        if self.down.get_write_buffer_size():
+            asyncio.get_running_loop().call_later(CLOSE_LINGER_SECONDS, self.down.abort)
+        for st in list(self.streams.values()):
             if not st.done:
-                self.interceptor.on_abort(st.call, why or "connection closed")
+                self._finish(st, aborted=why or "connection closed")
         self.streams.clear()
         self.open_streams.clear()
+        self.up_queue.clear()
+        self.budget.release_all()
         self._wake_idle()
         self.relay.forget(self)
 
-    # ---------------------------------------------------------------- sending
-    def _send_up(self, data: bytes, flow: int = 0, ordered: bool = True) -> None:
-        """Queue ``data`` for containerd; ``flow`` is what it costs of containerd's window.
-        Frames that carry no ordering with DATA (``ordered=False``) never wait."""
-        if (ordered and self.up_queue) or flow > self.up_window:
-            self.up_queue.append((data, flow))
+    def fail(self, code: int, why: str) -> None:
+        """End the connection because it cannot be followed: GOAWAY to the kubelet (when
+        a frame may be put in its stream now), then close."""
+        if self.closed:
             return
-        self.up_window -= flow
+        self.relay.connection_failed(self, code, why)
+        if self.c2k.passing == 0:
+            self.down_out.append(h2.goaway(self.max_sid, code, why.encode("utf-8", "replace")[:256]))
+        self.close(f"connection ended by the relay: {why}")
+
+    # ---------------------------------------------------------------- sending
+    def _send_up(self, data: Any, flow: int = 0, charge: int = 0, ours: bool = False,
+                 ordered: bool = True) -> None:
+        """Send ``data`` to containerd, or queue it until containerd's connection window
+        takes ``flow`` bytes. ``charge``: budget bytes the frame carries (given back when it
+        goes out); ``ours``: a frame of ours whose credit the kubelet already had. Frames
+        that carry no ordering with DATA (``ordered=False``) never wait."""
+        if (ordered and self.up_queue) or flow > self.up_window:
+            if not charge:  # pass-through bytes: bounded by flow control, counted anyway
+                charge = len(data)
+                self.budget.take(charge)
+            self.up_queue.append((data, flow, charge, ours))
+            self.up_queue_bytes += len(data)
+            if self.up_queue_bytes > QUEUE_PAUSE_BYTES:
+                self.pause_kubelet("queue")
+            return
+        self._spend_up_window(flow, ours)
         self.up_out.append(data)
+        if charge:
+            self.budget.give(charge)
+
+    def _spend_up_window(self, flow: int, ours: bool) -> None:
+        self.up_window -= flow
+        if ours:
+            self.conn_debt += flow
 
     def _drain_up(self) -> None:
         q = self.up_queue
         while q and q[0][1] <= self.up_window:
-            data, flow = q.popleft()
-            self.up_window -= flow
+            data, flow, charge, ours = q.popleft()
+            self.up_queue_bytes -= len(data)
+            self._spend_up_window(flow, ours)
             self.up_out.append(data)
+            if charge:
+                self.budget.give(charge)
+        if self.up_queue_bytes <= QUEUE_PAUSE_BYTES // 2:
+            self.resume_kubelet("queue")
 
-    def _send_down(self, data: bytes, flow: int = 0) -> None:
+    def _send_down(self, data: Any, flow: int = 0) -> None:
         self.down_out.append(data)
 
     def _flush(self) -> None:
         if self.closed:
             return
+        self._give_credit()
         if self.up_out and self.up is not None:
             self.up.write(self.up_out[0] if len(self.up_out) == 1 else b"".join(self.up_out))
             self.up_out.clear()
         if self.down_out:
             self.down.write(self.down_out[0] if len(self.down_out) == 1 else b"".join(self.down_out))
             self.down_out.clear()
+            if self.down.get_write_buffer_size() > DOWN_BACKLOG_PAUSE_BYTES:
+                self.pause_kubelet("kubelet not reading")
 
-    def _inject_up(self, data: bytes, flow: int = 0) -> None:
+    def _inject_up(self, data: bytes, flow: int = 0, charge: int = 0, ours: bool = False) -> None:
         """Send a frame of our own to containerd at the next frame boundary."""
         r = self.k2c
         if r.at_boundary and not r.pending:
-            self._send_up(data, flow)
+            self._send_up(data, flow, charge, ours)
         else:
-            r.pending.append((data, flow))
+            r.pending.append((data, flow, charge, ours))
 
     def _inject_down(self, data: bytes) -> None:
         """Send a frame of our own to the kubelet at the next frame boundary."""
@@ -200,11 +290,39 @@ class Splice:
         if r.at_boundary and not r.pending:
             self._send_down(data)
         else:
-            r.pending.append((data, 0))
+            r.pending.append((data,))
 
-    def _body_up(self, sid: int, body: bytes, end_stream: bool) -> None:
-        for f in h2.data_frames(sid, body, self.up_max_frame, end_stream):
-            self._inject_up(f, len(f) - h2.FRAME_HEADER_LEN)
+    def _credit_kubelet(self, sid: int, flow: int, stream_too: bool) -> None:
+        """The kubelet's ``flow`` bytes were taken off its hands: give the window back (at
+        the next flush, one WINDOW_UPDATE per connection and stream)."""
+        if not flow:
+            return
+        self.down_credit += flow
+        if stream_too:
+            self.down_stream_credit[sid] = self.down_stream_credit.get(sid, 0) + flow
+
+    def _give_credit(self) -> None:
+        if self.down_credit:
+            self._inject_down(h2.window_update(0, self.down_credit))
+            self.down_window += self.down_credit
+            self.down_credit = 0
+        if self.down_stream_credit:
+            for sid, n in self.down_stream_credit.items():
+                if sid in self.streams:
+                    self._inject_down(h2.window_update(sid, n))
+            self.down_stream_credit.clear()
+
+    def pause_kubelet(self, why: str) -> None:
+        if not self.paused and not self.closed:
+            self.down.pause_reading()
+        self.paused.add(why)
+
+    def resume_kubelet(self, why: str) -> None:
+        if why not in self.paused:
+            return
+        self.paused.discard(why)
+        if not self.paused and not self.closed and self.up is not None:
+            self.down.resume_reading()
 
     # ---------------------------------------------------------------- kubelet → containerd
     def from_kubelet(self, data: bytes) -> None:
@@ -214,97 +332,158 @@ class Splice:
         if self.up is None:  # reading is paused until then, but an event loop may deliver one read
             r.buf += data
             return
-        if self.raw:
-            self.up.write(bytes(r.buf) + data if r.buf else data)
-            r.buf.clear()
-            return
         try:
             if r.need_preface:
                 r.buf += data
                 if len(r.buf) < len(h2.PREFACE):
+                    if not h2.PREFACE.startswith(bytes(r.buf)):
+                        raise ConnectionFault(h2.PROTOCOL_ERROR, "the client does not speak HTTP/2")
                     return
                 if bytes(r.buf[:len(h2.PREFACE)]) != h2.PREFACE:
-                    log.error("client did not start with the HTTP/2 preface; relaying its bytes unread",
-                              conn=self.cid)
-                    self.raw = True
-                    self.up.write(bytes(r.buf))
-                    r.buf.clear()
-                    return
+                    raise ConnectionFault(h2.PROTOCOL_ERROR, "the client does not speak HTTP/2")
                 self._send_up(h2.PREFACE)
                 data = bytes(r.buf[len(h2.PREFACE):])
                 r.buf.clear()
                 r.need_preface = False
-            self._pump(r, data, self._send_up, self._k2c_frame, self._k2c_streamable)
-        finally:
-            self._flush()
+            self._pump(r, data, self._send_up, self._k2c_frame, self._k2c_streams)
+        except ConnectionFault as e:
+            self.fail(e.code, str(e))
+            return
+        self._flush()
 
-    def _k2c_streamable(self, ftype: int, sid: int, length: int) -> bool:
-        if self.up_queue or (ftype == h2.DATA and length > self.up_window):
-            return False  # waits for containerd's window: read whole, then queued
-        if self.blind:
-            return True
-        return ftype == h2.DATA and sid not in self.streams and sid not in self.refused_sids
+    def _k2c_streams(self, ftype: int, flags: int, sid: int, length: int) -> bool:
+        """Whether a kubelet frame may be forwarded as its bytes arrive (else: read whole)."""
+        if length > self.k2c.max_frame:
+            raise ConnectionFault(h2.FRAME_SIZE_ERROR,
+                                  f"frame of {length} bytes over the {self.k2c.max_frame} allowed")
+        self._check_header_block(self.k2c, ftype, sid)
+        if ftype != h2.DATA:
+            return False
+        self.down_window -= length
+        if self.down_window < 0:
+            raise ConnectionFault(h2.FLOW_CONTROL_ERROR, "the client sent more than its window")
+        if self.up_queue or length > self.up_window or sid in self.streams or sid in self.refused:
+            return False
+        self.up_window -= length  # forwarded as it comes: charged to containerd's window now
+        return True
+
+    @staticmethod
+    def _check_header_block(r: _Reader, ftype: int, sid: int) -> None:
+        if r.in_header_block:
+            if ftype != h2.CONTINUATION or sid != r.header_sid:
+                raise ConnectionFault(h2.PROTOCOL_ERROR, "a frame inside a header block")
+        elif ftype == h2.CONTINUATION:
+            raise ConnectionFault(h2.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+        elif ftype == h2.PUSH_PROMISE:
+            raise ConnectionFault(h2.PROTOCOL_ERROR, "PUSH_PROMISE on a gRPC connection")
 
     def _k2c_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
         if ftype == h2.DATA:
-            flow = len(payload)
-            st = self.streams.get(sid)
-            if self.blind or st is None:
-                if sid in self.refused_sids and not self.blind:
-                    if flow:  # never reaches containerd: give the kubelet its window back
-                        self._inject_down(h2.window_update(0, flow))
-                    return
-                self._send_up(raw, flow)
-            elif st.holding:
-                self._hold(st, flags, payload)
-            else:
-                self._send_up(raw, flow)
-                if st.copy is not None:
-                    self._copy(st, flags, payload)
+            self._k2c_data(flags, sid, payload, raw)
             return
-        if ftype in (h2.WINDOW_UPDATE, h2.PING, h2.SETTINGS, h2.GOAWAY):
+        if ftype in (h2.WINDOW_UPDATE, h2.PING, h2.GOAWAY):
+            self._send_up(raw, ordered=False)
+            return
+        if ftype == h2.SETTINGS:
+            if not flags & h2.FLAG_ACK:
+                for ident, value in h2.parse_settings(payload):
+                    if ident == h2.SETTINGS_MAX_FRAME_SIZE:
+                        self.c2k.max_frame = max(value, h2.DEFAULT_MAX_FRAME_SIZE)
+                    elif ident == h2.SETTINGS_HEADER_TABLE_SIZE:
+                        self.c2k_hpack.allow_table_size(value)
             self._send_up(raw, ordered=False)
             return
         self._send_up(raw)
-        if self.blind:
-            if ftype in (h2.HEADERS, h2.CONTINUATION):
-                self.k2c.in_header_block = not flags & h2.FLAG_END_HEADERS
-            return
         if ftype in (h2.HEADERS, h2.CONTINUATION):
-            self._header_fragment(True, ftype, flags, sid, payload)
+            headers = self._header_fragment(self.k2c, self.k2c_hpack, ftype, flags, sid, payload)
+            if headers is not None:
+                self._request_headers(self.k2c.header_sid, headers, self.k2c.header_end_stream)
         elif ftype == h2.RST_STREAM:
             self.open_streams.discard(sid)
+            self.refused.pop(sid, None)
             st = self.streams.get(sid)
             if st is not None:
-                if st.holding and st.held_flow:
-                    self._inject_down(h2.window_update(0, st.held_flow))
-                st.holding = False
-                st.held = []
                 self._finish(st, aborted="cancelled by the kubelet")
             self._wake_idle()
 
-    def _hold(self, st: _Stream, flags: int, payload: bytes) -> None:
-        try:
-            content = h2.strip_padding(flags, payload, h2.DATA)
-        except ValueError:
-            content = b""
-        st.held.append(content)
-        st.held_flow += len(payload)
+    def _k2c_data(self, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
+        flow = len(payload)
         end = bool(flags & h2.FLAG_END_STREAM)
-        if st.held_flow > MAX_HELD_BYTES:
-            # Too big to hold safely: release it unchanged and let it flow; a copy is still
-            # decoded at its end so the call is recorded and logged (without pre-hooks).
-            body = b"".join(st.held)
-            st.holding = False
-            st.held = []
-            self._body_up(st.sid, body, end)
-            self._settle_flow(st.held_flow, len(body))
-            st.copy, st.copy_len = [body], len(body)
-            if end:
-                self._observe(st)
+        st = self.streams.get(sid)
+        if st is None:
+            if sid in self.refused:  # never reaches containerd: the kubelet gets its window back
+                self._credit_kubelet(sid, flow, stream_too=False)
+                if end:
+                    del self.refused[sid]
+                return
+            self._send_up(raw, flow)
             return
-        if not end:
+        content = _content(flags, payload)
+        if st.holding:
+            if self._keep(st, content, held=True):
+                st.held.append(content)
+                st.held_len += len(content)
+                self._credit_kubelet(sid, flow, stream_too=not end)
+                if end:
+                    st.request_done = True
+                    self._decide(st)
+            else:
+                self._credit_kubelet(sid, flow, stream_too=False)
             return
+        if not self._keep(st, content, held=False):
+            self._credit_kubelet(sid, flow, stream_too=False)
+            return
+        st.copy.append(content)
+        st.copy_len += len(content)
+        self._send_up(raw, flow)
+        if end:
+            st.request_done = True
+            body = b"".join(st.copy)
+            st.copy = None
+            self._release(st, st.copy_len)
+            asyncio.get_running_loop().call_soon(self._observe, st.call, body)
+
+    def _keep(self, st: _Stream, content: bytes, held: bool) -> bool:
+        """Charge ``content`` of an intercepted request to the budget. When it does not fit,
+        newer held calls of this connection are refused to make room (the older ones are
+        closer to done); failing that, this call is. False: the call was refused."""
+        size = (st.held_len if held else st.copy_len) + len(content)
+        if size > self.max_message_bytes:
+            self._refuse(st, f"request of more than {self.max_message_bytes} bytes "
+                             f"(server.max_message_bytes)")
+            return False
+        n = len(content)
+        if self.budget.try_take(n):
+            st.charged += n
+            return True
+        for victim in sorted((s for s in self.streams.values() if s.holding and s.sid > st.sid),
+                             key=lambda s: s.sid, reverse=True):
+            self._refuse(victim, self._budget_message())
+            if self.budget.try_take(n):
+                st.charged += n
+                return True
+        self._refuse(st, self._budget_message())
+        return False
+
+    def _budget_message(self) -> str:
+        if self.budget.used + STREAM_OVERHEAD_BYTES > self.budget.limit:
+            which = f"this connection's relay buffer budget ({self.budget.limit} bytes)"
+        else:
+            which = f"the relay's buffer budget ({self.relay.budget.limit} bytes)"
+        return f"anolisnuma: {which} is spent; retry"
+
+    def _release(self, st: _Stream, n: int) -> None:
+        st.charged -= n
+        self.budget.give(n)
+
+    def _observe(self, call: Any, body: bytes) -> None:
+        try:
+            self.interceptor.on_forwarded(call, body)
+        except Exception as e:  # bookkeeping must never take the relay down
+            log.error("recording a forwarded request failed", conn=self.cid, error=repr(e))
+
+    # ---------------------------------------------------------------- decisions
+    def _decide(self, st: _Stream) -> None:
         body = b"".join(st.held)
         st.held = []
         try:
@@ -317,29 +496,8 @@ class Splice:
         else:
             outcome.add_done_callback(lambda fut, st=st, body=body: self._decided(st, fut, body))
 
-    def _copy(self, st: _Stream, flags: int, payload: bytes) -> None:
-        try:
-            content = h2.strip_padding(flags, payload, h2.DATA)
-        except ValueError:
-            content = b""
-        st.copy_len += len(content)
-        if st.copy is not None and st.copy_len <= self.relay.max_message_bytes:
-            st.copy.append(content)
-        else:
-            st.copy = []  # too big even to record: keep the marker, drop the bytes
-        if flags & h2.FLAG_END_STREAM:
-            self._observe(st)
-
-    def _observe(self, st: _Stream) -> None:
-        body = b"".join(st.copy or []) if st.copy_len <= self.relay.max_message_bytes else b""
-        st.copy = None
-        try:
-            self.interceptor.on_request(st.call, body, may_edit=False)
-        except Exception as e:
-            log.error("recording a large request failed", error=repr(e))
-
     def _decided(self, st: _Stream, fut: "asyncio.Future[Decision]", body: bytes) -> None:
-        if self.closed or not st.holding or st.done:
+        if self.closed or st.done or not st.holding:
             return
         try:
             decision = fut.result()
@@ -352,105 +510,125 @@ class Splice:
     def _apply_decision(self, st: _Stream, d: Decision, original: bytes) -> None:
         st.holding = False
         if d.status:
-            # Containerd saw the HEADERS but no message: cancelling the stream makes its
-            # handler return without running the call.
-            self._inject_up(h2.rst_stream(st.sid, h2.CANCEL))
-            if st.held_flow:
-                self._inject_down(h2.window_update(0, st.held_flow))
-            st.answered = True
-            st.status, st.status_message = d.status, d.message
-            self._inject_down(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS | h2.FLAG_END_STREAM, st.sid,
-                                       h2.trailers_only_block(d.status, d.message)))
-            self.open_streams.discard(st.sid)
+            self._answer(st, d.status, d.message)
             self._finish(st)
-            self._wake_idle()
             return
         body = original if d.body is None else d.body
-        if len(body) > self.up_stream_window and body is not original:
-            log.warning("edited request exceeds containerd's stream window; forwarding the original",
-                        method=getattr(st.call, "method", "?"), bytes=len(body), window=self.up_stream_window)
-            body = original
-        self._body_up(st.sid, body, True)
-        self._settle_flow(st.held_flow, len(body))
+        # The held bytes become the outbox: same charge, adjusted to the edited size.
+        if len(body) > st.held_len:
+            self.budget.take(len(body) - st.held_len)
+        else:
+            self.budget.give(st.held_len - len(body))
+        st.charged += len(body) - st.held_len
+        st.outbox, st.outbox_pos = body, 0
+        self._send_outbox(st)
 
-    def _settle_flow(self, received: int, sent: int) -> None:
-        """Bring the kubelet's count of containerd's window back to the real one."""
-        if sent < received:
-            self._inject_down(h2.window_update(0, received - sent))
-        elif sent > received:
-            self.conn_debt += sent - received
+    def _send_outbox(self, st: _Stream) -> None:
+        """Send the decided body within containerd's window for the stream; the rest waits
+        for its WINDOW_UPDATE."""
+        body = st.outbox
+        if not body:
+            self._inject_up(h2.frame(h2.DATA, h2.FLAG_END_STREAM, st.sid), ours=True)
+            st.outbox = None
+            return
+        n = len(body)
+        while st.outbox_pos < n and st.up_window > 0:
+            size = min(self.k2c.max_frame, st.up_window, n - st.outbox_pos)
+            start = st.outbox_pos
+            st.outbox_pos += size
+            last = st.outbox_pos == n
+            st.up_window -= size
+            st.charged -= size  # the charge moves with the frame
+            self._inject_up(h2.frame(h2.DATA, h2.FLAG_END_STREAM if last else 0, st.sid, body[start:start + size]),
+                            flow=size, charge=size, ours=True)
+        if st.outbox_pos == n:
+            st.outbox = None
+
+    def _refuse(self, st: _Stream, message: str) -> None:
+        """Answer an intercepted call RESOURCE_EXHAUSTED before containerd ran it."""
+        if st.done:
+            return
+        self.relay.call_refused(self, st.call, message)
+        if not st.request_done:
+            self.refused[st.sid] = None
+            if len(self.refused) > MAX_REFUSED_REMEMBERED:
+                self.refused.popitem(last=False)
+        self._answer(st, RESOURCE_EXHAUSTED, message)
+        self._finish(st, aborted=f"refused: {message}")
+
+    def _answer(self, st: _Stream, status: int, message: str) -> None:
+        """Answer the call ourselves (trailers-only); containerd, which saw its HEADERS but
+        not all of its message, is told to drop it, so its handler never runs."""
+        st.holding = False
+        self._inject_up(h2.rst_stream(st.sid, h2.CANCEL))
+        st.answered = True
+        st.status, st.status_message = status, message
+        self._inject_down(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS | h2.FLAG_END_STREAM, st.sid,
+                                   h2.trailers_only_block(status, message)))
+        self.open_streams.discard(st.sid)
+        self._wake_idle()
 
     # ---------------------------------------------------------------- containerd → kubelet
     def from_containerd(self, data: bytes) -> None:
         if self.closed:
             return
-        r = self.c2k
-        if self.raw:
-            self.down.write(bytes(r.buf) + data if r.buf else data)
-            r.buf.clear()
-            return
         try:
-            self._pump(r, data, self._send_down, self._c2k_frame, self._c2k_streamable)
-        finally:
-            self._flush()
+            self._pump(self.c2k, data, self._send_down, self._c2k_frame, self._c2k_streams)
+        except ConnectionFault as e:
+            self.fail(e.code, f"containerd: {e}")
+            return
+        self._flush()
 
-    def _c2k_streamable(self, ftype: int, sid: int, length: int) -> bool:
-        if self.blind:
-            return ftype != h2.WINDOW_UPDATE and ftype != h2.SETTINGS
+    def _c2k_streams(self, ftype: int, flags: int, sid: int, length: int) -> bool:
+        if length > self.c2k.max_frame:
+            raise ConnectionFault(h2.FRAME_SIZE_ERROR,
+                                  f"frame of {length} bytes over the {self.c2k.max_frame} allowed")
+        self._check_header_block(self.c2k, ftype, sid)
         return ftype == h2.DATA and sid not in self.streams
 
     def _c2k_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
-        if ftype == h2.WINDOW_UPDATE and sid == 0 and len(payload) == 4:
-            inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
-            self.up_window += inc
-            self._drain_up()
-            taken = min(inc, self.conn_debt)
-            self.conn_debt -= taken
-            if inc - taken:
-                self._send_down(raw if not taken else h2.window_update(0, inc - taken))
+        if ftype == h2.WINDOW_UPDATE and len(payload) == 4:
+            self._window_update_from_containerd(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF, raw)
             return
         if ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
             for ident, value in h2.parse_settings(payload):
                 if ident == h2.SETTINGS_MAX_FRAME_SIZE:
-                    self.up_max_frame = value
+                    self.k2c.max_frame = max(value, h2.DEFAULT_MAX_FRAME_SIZE)
                 elif ident == h2.SETTINGS_INITIAL_WINDOW_SIZE:
+                    delta = value - self.up_stream_window
                     self.up_stream_window = value
-            self._send_down(raw)
-            return
-        if self.blind:
+                    for st in self.streams.values():
+                        if st.sends_own_body:
+                            st.up_window += delta
+                            if st.outbox:
+                                self._send_outbox(st)
+                elif ident == h2.SETTINGS_HEADER_TABLE_SIZE:
+                    self.k2c_hpack.allow_table_size(value)
             self._send_down(raw)
             return
         st = self.streams.get(sid)
         if ftype == h2.DATA:
-            if st is not None and st.answered:
-                # We already answered this call; containerd's bytes must not reach the
-                # kubelet, but containerd's window must not shrink for them either.
-                if payload:
-                    self._inject_up(h2.window_update(0, len(payload)))
-                return
             self._send_down(raw)
             if st is not None and not st.reply_overflow:
-                try:
-                    content = h2.strip_padding(flags, payload, h2.DATA)
-                except ValueError:
-                    content = b""
-                st.reply.append(content)
-                st.reply_len += len(content)
-                if st.reply_len > self.relay.max_message_bytes:
+                content = _content(flags, payload)
+                if st.reply_len + len(content) <= self.max_message_bytes and self.budget.try_take(len(content)):
+                    st.charged += len(content)
+                    st.reply.append(content)
+                    st.reply_len += len(content)
+                else:
                     st.reply_overflow = True
-                    st.reply = []
             if flags & h2.FLAG_END_STREAM:
                 self._server_done(sid)
             return
         if ftype in (h2.HEADERS, h2.CONTINUATION):
             self._send_down(raw)
-            self._header_fragment(False, ftype, flags, sid, payload)
-            if flags & h2.FLAG_END_HEADERS and self.header_end_stream[False]:  # whole trailers read
-                self._server_done(self.header_sid[False])
+            headers = self._header_fragment(self.c2k, self.c2k_hpack, ftype, flags, sid, payload)
+            if headers is not None:
+                self._reply_headers(self.c2k.header_sid, headers)
+                if self.c2k.header_end_stream:  # whole trailers read
+                    self._server_done(self.c2k.header_sid)
             return
         if ftype == h2.RST_STREAM:
-            if st is not None and st.answered:
-                return
             self._send_down(raw)
             self.open_streams.discard(sid)
             if st is not None:
@@ -459,63 +637,79 @@ class Splice:
             return
         self._send_down(raw)
 
+    def _window_update_from_containerd(self, sid: int, inc: int, raw: bytes) -> None:
+        if sid == 0:
+            self.up_window += inc
+            taken = min(inc, self.conn_debt)
+            self.conn_debt -= taken
+            if inc - taken:
+                self._send_down(raw if not taken else h2.window_update(0, inc - taken))
+                self.down_window += inc - taken
+            self._drain_up()
+            return
+        st = self.streams.get(sid)
+        if st is not None and st.sends_own_body:
+            # The kubelet was credited for this stream when we held its bytes.
+            st.up_window += inc
+            if st.outbox:
+                self._send_outbox(st)
+            return
+        self._send_down(raw)
+
     def _server_done(self, sid: int) -> None:
         self.open_streams.discard(sid)
         st = self.streams.get(sid)
         if st is not None and not st.answered:
-            if st.holding:
-                # containerd answered before it got the request (e.g. UNIMPLEMENTED): the
-                # held bytes will never be sent, so the kubelet gets its window back.
-                st.holding = False
-                st.held = []
-                if st.held_flow:
-                    self._inject_down(h2.window_update(0, st.held_flow))
+            # containerd may answer before it got the whole request (UNIMPLEMENTED, say):
+            # what we still hold is dropped (the kubelet was credited for it already).
+            st.holding = False
+            st.held = []
+            st.outbox = None
             self._finish(st)
         self._wake_idle()
 
     # ---------------------------------------------------------------- header blocks
-    def _header_fragment(self, k2c: bool, ftype: int, flags: int, sid: int, payload: bytes) -> None:
-        reader = self.k2c if k2c else self.c2k
-        block = self.header_block[k2c]
+    def _header_fragment(self, r: _Reader, decoder: HeaderBlockDecoder, ftype: int, flags: int, sid: int,
+                         payload: bytes) -> Optional[list]:
+        """Add a HEADERS or CONTINUATION payload to the block; the decoded headers once the
+        block is complete, else None."""
         try:
             if ftype == h2.HEADERS:
-                block.clear()
-                self.header_sid[k2c] = sid
-                self.header_end_stream[k2c] = bool(flags & h2.FLAG_END_STREAM)
-                block += h2.strip_padding(flags, payload, h2.HEADERS)
+                r.block.clear()
+                r.header_sid = sid
+                r.header_end_stream = bool(flags & h2.FLAG_END_STREAM)
+                r.block += h2.strip_padding(flags, payload, h2.HEADERS)
             else:
-                block += payload
-        except ValueError:
-            self._go_blind("malformed HEADERS frame")
-            reader.in_header_block = not flags & h2.FLAG_END_HEADERS
-            return
+                r.block += payload
+        except ValueError as e:
+            raise ConnectionFault(h2.PROTOCOL_ERROR, f"malformed HEADERS frame: {e}") from None
         if not flags & h2.FLAG_END_HEADERS:
-            reader.in_header_block = True
-            return
-        reader.in_header_block = False
-        sid = self.header_sid[k2c]
+            r.in_header_block = True
+            if len(r.block) > MAX_HEADER_BLOCK_BYTES:
+                raise ConnectionFault(h2.ENHANCE_YOUR_CALM,
+                                      f"header block over {MAX_HEADER_BLOCK_BYTES} bytes")
+            return None
+        r.in_header_block = False
+        block = bytes(r.block)
+        r.block.clear()
         try:
-            headers = (self.k2c_hpack if k2c else self.c2k_hpack).decode(bytes(block), raw=True)
-        except Exception as e:  # HPACK state lost: never guess, relay unread from now on
-            self._go_blind(f"cannot decode a header block: {e!r}")
-            return
-        if k2c:
-            self._request_headers(sid, headers)
-        else:
-            self._reply_headers(sid, headers)
+            return decoder.decode(block)
+        except HeaderBlockError as e:
+            raise ConnectionFault(e.code, str(e)) from None
 
-    def _request_headers(self, sid: int, headers: list) -> None:
+    def _request_headers(self, sid: int, headers: list, end_stream: bool) -> None:
         if sid <= self.max_sid:
             return  # trailers of a client stream
         self.max_sid = sid
         if self.goaway_sid is not None and sid > self.goaway_sid:
             # Opened after we announced shutdown: containerd must not run it.
-            self.refused_sids.add(sid)
+            if not end_stream:
+                self.refused[sid] = None
             self._inject_up(h2.rst_stream(sid, h2.CANCEL))
             self._inject_down(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
         self.open_streams.add(sid)
-        if self.header_end_stream[True]:
+        if end_stream:
             return  # no request body will follow: nothing to intercept
         path = ""
         for name, value in headers:
@@ -527,8 +721,14 @@ class Splice:
         except Exception as e:
             log.error("interception failed; relaying the call unread", path=path, error=repr(e))
             call = None
-        if call is not None:
-            self.streams[sid] = _Stream(sid, call)
+        if call is None:
+            return
+        st = _Stream(sid, call, holding=call.holds_request, up_window=self.up_stream_window)
+        self.streams[sid] = st
+        if not self.budget.try_take(STREAM_OVERHEAD_BYTES):
+            self._refuse(st, self._budget_message())
+            return
+        st.charged = STREAM_OVERHEAD_BYTES
 
     def _reply_headers(self, sid: int, headers: list) -> None:
         st = self.streams.get(sid)
@@ -548,10 +748,16 @@ class Splice:
             return
         st.done = True
         self.streams.pop(st.sid, None)
+        if st.charged:
+            self.budget.give(st.charged)
+            st.charged = 0
+        st.held = []
+        st.outbox = None
         if aborted:
             self.interceptor.on_abort(st.call, aborted)
             return
         reply = None if st.reply_overflow else b"".join(st.reply)
+        st.reply = []
         # After the reply's bytes went out: bookkeeping must not delay the kubelet. The
         # kubelet's next call needs a round trip, so it is read after this has run.
         asyncio.get_running_loop().call_soon(
@@ -559,10 +765,14 @@ class Splice:
             st.status_message, st.answered)
 
     # ---------------------------------------------------------------- framing machinery
-    def _pump(self, r: _Reader, data: bytes, send: Callable, on_frame: Callable, streamable: Callable) -> None:
+    def _pump(self, r: _Reader, data: bytes, send: Callable, on_frame: Callable, streams: Callable) -> None:
         """Forward the frames in ``r.buf + data``: runs of pass-through bytes go out as
         slices of what was read (no copy), other frames are handed to ``on_frame`` whole,
-        and an incomplete frame at the end waits in ``r.buf`` for the next read."""
+        and an incomplete frame at the end waits in ``r.buf`` for the next read.
+
+        ``streams(type, flags, stream, length)`` decides, once per frame, whether the frame
+        may be forwarded as its bytes arrive; it raises ConnectionFault for a frame the
+        connection cannot survive."""
         if r.buf:
             r.buf += data
             data = bytes(r.buf)
@@ -571,7 +781,7 @@ class Splice:
         n = len(data)
         pos = 0
         run = -1  # start of the pending run of pass-through bytes
-        k2c = r is self.k2c
+        c2k = r is self.c2k
         while pos < n and not self.closed:
             if r.passing:
                 take = min(r.passing, n - pos)
@@ -582,38 +792,36 @@ class Splice:
                 if r.passing == 0 and r.tail is not None:
                     send(view[run:pos])
                     run = -1
-                    ftype, flags, sid = r.tail
-                    r.tail = None
-                    self._after_passed_frame(r, ftype, flags, sid)
+                    sid, r.tail = r.tail, None
+                    self._server_done(sid)
                 continue
             if n - pos < h2.FRAME_HEADER_LEN:
                 break
             length, ftype, flags, sid = h2.parse_frame_header(data, pos)
-            if streamable(ftype, sid, length):
-                # Forwarded as it comes; DATA is charged to containerd's window up front.
-                if k2c and ftype == h2.DATA:
-                    self.up_window -= length
+            end = pos + h2.FRAME_HEADER_LEN + length
+            if r.whole_pending:
+                r.whole_pending = False  # judged on an earlier read, when it began to arrive
+            elif streams(ftype, flags, sid, length):
                 if run < 0:
                     run = pos
-                end = pos + h2.FRAME_HEADER_LEN + length
-                needs_after = self.blind or (not k2c and flags & h2.FLAG_END_STREAM)
+                ends_call = c2k and flags & h2.FLAG_END_STREAM
                 if end <= n:
                     pos = end
-                    if needs_after:
+                    if ends_call:
                         send(view[run:pos])
                         run = -1
-                        self._after_passed_frame(r, ftype, flags, sid)
+                        self._server_done(sid)
                 else:
                     r.passing = end - n
                     pos = n
-                    if needs_after:
-                        r.tail = (ftype, flags, sid)
+                    if ends_call:
+                        r.tail = sid
                 continue
             if run >= 0:
                 send(view[run:pos])
                 run = -1
-            end = pos + h2.FRAME_HEADER_LEN + length
             if end > n:
+                r.whole_pending = True
                 break
             raw = data[pos:end]
             on_frame(ftype, flags, sid, raw[h2.FRAME_HEADER_LEN:], raw)
@@ -630,36 +838,8 @@ class Splice:
     @staticmethod
     def _flush_pending(r: _Reader, send: Callable) -> None:
         pending, r.pending = r.pending, []
-        for data, flow in pending:
-            send(data, flow)
-
-    def _after_passed_frame(self, r: _Reader, ftype: int, flags: int, sid: int) -> None:
-        """Bookkeeping for a streamed frame once all of it went through."""
-        if self.blind:
-            # Frames are no longer read; only know where header blocks end, so that our own
-            # frames are never put inside one.
-            if ftype in (h2.HEADERS, h2.CONTINUATION):
-                r.in_header_block = not flags & h2.FLAG_END_HEADERS
-            return
-        if flags & h2.FLAG_END_STREAM and r is self.c2k:
-            self._server_done(sid)
-
-    def _go_blind(self, why: str) -> None:
-        """Stop reading this connection's frames and stop intercepting; keep relaying them.
-
-        Only reached if a header block cannot be decoded, which means our HPACK state no
-        longer matches the peers'. Framing and flow control are still followed.
-        """
-        log.error("HTTP/2 header state lost; relaying this connection without interception",
-                  conn=self.cid, reason=why)
-        self.blind = True
-        for st in list(self.streams.values()):
-            if st.holding:  # release the held request unchanged so the call is not lost
-                st.holding = False
-                self._body_up(st.sid, b"".join(st.held), True)
-            self._finish(st, aborted="connection relayed without interception")
-        self.open_streams.clear()
-        self._wake_idle()
+        for item in pending:
+            send(*item)
 
     # ---------------------------------------------------------------- shutdown
     def announce_shutdown(self) -> None:
@@ -689,110 +869,9 @@ class Splice:
         await fut
 
 
-class _KubeletSide(asyncio.Protocol):
-    def __init__(self, relay: "Relay") -> None:
-        self.relay = relay
-        self.splice: Optional[Splice] = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.pause_reading()  # nothing is read until containerd is connected
-        self.splice = Splice(self.relay, transport)  # type: ignore[arg-type]
-        self.relay.adopt(self.splice)
-
-    def data_received(self, data: bytes) -> None:
-        self.splice.from_kubelet(data)
-
-    def eof_received(self) -> Optional[bool]:
-        self.splice.close("kubelet closed the connection")
-        return None
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        self.splice.close("kubelet connection lost")
-
-    def pause_writing(self) -> None:
-        if self.splice.up is not None:
-            self.splice.up.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.splice.up is not None and not self.splice.closed:
-            self.splice.up.resume_reading()
-
-
-class _ContainerdSide(asyncio.Protocol):
-    def __init__(self, splice: Splice) -> None:
-        self.splice = splice
-
-    def data_received(self, data: bytes) -> None:
-        self.splice.from_containerd(data)
-
-    def eof_received(self) -> Optional[bool]:
-        self.splice.close("containerd closed the connection")
-        return None
-
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        self.splice.close("containerd connection lost")
-
-    def pause_writing(self) -> None:
-        self.splice.down.pause_reading()
-
-    def resume_writing(self) -> None:
-        if not self.splice.closed:
-            self.splice.down.resume_reading()
-
-
-class Relay:
-    """Accepts kubelet connections and splices each onto a new containerd connection."""
-
-    def __init__(self, upstream: str, interceptor: Any, connect_timeout: float = 1.0,
-                 max_message_bytes: int = 16 << 20) -> None:
-        self.upstream = upstream
-        self.interceptor = interceptor
-        self.connect_timeout = connect_timeout
-        self.max_message_bytes = max_message_bytes
-        self.splices: set = set()
-        self._tasks: set = set()
-        self._last_unreachable_log = 0.0
-
-    def protocol(self) -> asyncio.Protocol:
-        return _KubeletSide(self)
-
-    def adopt(self, splice: Splice) -> None:
-        self.splices.add(splice)
-        task = asyncio.ensure_future(self._connect(splice))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def forget(self, splice: Splice) -> None:
-        self.splices.discard(splice)
-
-    async def _connect(self, splice: Splice) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            up, _ = await asyncio.wait_for(
-                loop.create_unix_connection(lambda: _ContainerdSide(splice), self.upstream),
-                self.connect_timeout)
-        except (OSError, asyncio.TimeoutError) as e:
-            now = loop.time()
-            if now - self._last_unreachable_log > 5:
-                self._last_unreachable_log = now
-                log.warning("containerd unreachable; kubelet connection closed (calls fail UNAVAILABLE)",
-                            endpoint=self.upstream, error=str(e) or type(e).__name__)
-            splice.close("containerd unreachable")
-            return
-        if splice.closed:
-            up.close()
-            return
-        splice.upstream_connected(up)  # type: ignore[arg-type]
-
-    async def drain(self, grace: float) -> int:
-        """Announce shutdown on every connection and wait up to ``grace`` seconds for
-        in-flight calls; returns how many connections still had calls open."""
-        for s in list(self.splices):
-            s.announce_shutdown()
-        busy = [s for s in self.splices if s.busy]
-        if busy:
-            await asyncio.wait([asyncio.ensure_future(s.wait_idle()) for s in busy], timeout=grace)
-        left = sum(1 for s in self.splices if s.busy)
-        for s in list(self.splices):
-            s.close("proxy shutting down")
-        return left
+def _content(flags: int, payload: bytes) -> bytes:
+    """A DATA payload without its padding; bad padding is a connection error."""
+    try:
+        return h2.strip_padding(flags, payload, h2.DATA)
+    except ValueError as e:
+        raise ConnectionFault(h2.PROTOCOL_ERROR, f"malformed DATA frame: {e}") from None

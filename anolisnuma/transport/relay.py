@@ -1,0 +1,154 @@
+"""The relay: accepts kubelet connections and splices each onto its own containerd connection.
+
+It owns what the connections share: the daemon-wide buffer budget, the counters of what
+the transport refused or ended, and their log lines, summarised so that a client that
+repeats a fault at will cannot fill the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import structlog
+
+from anolisnuma.logsummary import EventSummary
+from anolisnuma.pipeline.metrics import Counters
+from anolisnuma.transport import h2
+from anolisnuma.transport.budget import MemoryBudget
+from anolisnuma.transport.splice import Splice
+
+log = structlog.get_logger("anolisnuma.transport")
+
+MIB = 1 << 20
+
+
+class Relay:
+    """Accepts kubelet connections and splices each onto a new containerd connection."""
+
+    def __init__(self, upstream: str, interceptor: Any, connect_timeout: float = 1.0,
+                 max_message_bytes: int = 16 * MIB, budget_per_connection: int = 32 * MIB,
+                 budget_total: int = 64 * MIB) -> None:
+        self.upstream = upstream
+        self.interceptor = interceptor
+        self.connect_timeout = connect_timeout
+        self.max_message_bytes = max_message_bytes
+        self.budget_per_connection = budget_per_connection
+        self.budget = MemoryBudget(budget_total)
+        self.counters = Counters()
+        self.splices: set = set()
+        self._tasks: set = set()
+        self._unreachable = EventSummary(
+            log, "containerd unreachable; kubelet connection closed (calls fail UNAVAILABLE)", 5.0)
+        self._refusals = EventSummary(log, "intercepted call refused: relay buffer budget spent")
+        self._faults = EventSummary(log, "kubelet connection ended: the relay cannot follow it", level="error")
+
+    def protocol(self) -> asyncio.Protocol:
+        return _KubeletSide(self)
+
+    def adopt(self, splice: Splice) -> None:
+        self.splices.add(splice)
+        task = asyncio.ensure_future(self._connect(splice))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def forget(self, splice: Splice) -> None:
+        self.splices.discard(splice)
+
+    # ---------------------------------------------------------------- what splices report
+    def call_refused(self, splice: Splice, call: Any, message: str) -> None:
+        self.counters.add("calls_refused_resource_exhausted")
+        method = getattr(call, "method", "?")
+        self._refusals.note(method, method=method, conn=splice.cid, reason=message,
+                            connection_buffered_bytes=splice.budget.used, total_buffered_bytes=self.budget.used)
+
+    def connection_failed(self, splice: Splice, code: int, why: str) -> None:
+        name = h2.ERROR_NAMES.get(code, str(code))
+        self.counters.add(f"connections_ended_{name.lower()}")
+        self._faults.note(name, conn=splice.cid, http2_error=name, reason=why)
+
+    # ---------------------------------------------------------------- connections
+    async def _connect(self, splice: Splice) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            up, _ = await asyncio.wait_for(
+                loop.create_unix_connection(lambda: _ContainerdSide(splice), self.upstream),
+                self.connect_timeout)
+        except (OSError, asyncio.TimeoutError) as e:
+            self.counters.add("containerd_unreachable")
+            self._unreachable.note("unreachable", endpoint=self.upstream, error=str(e) or type(e).__name__)
+            splice.close("containerd unreachable")
+            return
+        if splice.closed:
+            up.abort()
+            return
+        splice.upstream_connected(up)  # type: ignore[arg-type]
+
+    async def drain(self, grace: float) -> int:
+        """Announce shutdown on every connection and wait up to ``grace`` seconds for
+        in-flight calls; returns how many connections still had calls open."""
+        for s in list(self.splices):
+            s.announce_shutdown()
+        busy = [s for s in self.splices if s.busy]
+        if busy:
+            await asyncio.wait([asyncio.ensure_future(s.wait_idle()) for s in busy], timeout=grace)
+        left = sum(1 for s in self.splices if s.busy)
+        for s in list(self.splices):
+            s.close("proxy shutting down")
+        for summary in (self._unreachable, self._refusals, self._faults):
+            summary.flush()
+        return left
+
+
+class _KubeletSide(asyncio.Protocol):
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.splice: Optional[Splice] = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.pause_reading()  # nothing is read until containerd is connected
+        self.splice = Splice(self.relay, transport)  # type: ignore[arg-type]
+        self.relay.adopt(self.splice)
+
+    def data_received(self, data: bytes) -> None:
+        self.splice.from_kubelet(data)
+
+    def eof_received(self) -> Optional[bool]:
+        self.splice.close("kubelet closed the connection")
+        return None
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.splice.close("kubelet connection lost")
+
+    # The kubelet reads slower than containerd writes: stop reading containerd.
+    def pause_writing(self) -> None:
+        if self.splice.up is not None:
+            self.splice.up.pause_reading()
+
+    def resume_writing(self) -> None:
+        s = self.splice
+        if s.up is not None and not s.closed:
+            s.up.resume_reading()
+        s.resume_kubelet("kubelet not reading")
+
+
+class _ContainerdSide(asyncio.Protocol):
+    def __init__(self, splice: Splice) -> None:
+        self.splice = splice
+
+    def data_received(self, data: bytes) -> None:
+        self.splice.from_containerd(data)
+
+    def eof_received(self) -> Optional[bool]:
+        self.splice.close("containerd closed the connection")
+        return None
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.splice.close("containerd connection lost")
+
+    # containerd reads slower than the kubelet writes: stop reading the kubelet.
+    def pause_writing(self) -> None:
+        self.splice.pause_kubelet("containerd not reading")
+
+    def resume_writing(self) -> None:
+        self.splice.resume_kubelet("containerd not reading")
