@@ -41,15 +41,18 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     logsetup.configure(config.log.level, config.log.file, config.log.stderr)
     try:
-        daemon = Daemon(config)
-    except Exception as e:  # e.g. a policy whose start-up facts are unreadable
-        print(f"anolisnuma: cannot start: {e}", file=sys.stderr)
-        return EXIT_START
-    try:
-        return asyncio.run(daemon.run())
-    except ListenerError as e:
-        print(f"anolisnuma: cannot listen: {e}", file=sys.stderr)
-        return EXIT_START
+        try:
+            daemon = Daemon(config)
+        except Exception as e:  # e.g. a policy whose start-up facts are unreadable
+            print(f"anolisnuma: cannot start: {e}", file=sys.stderr)
+            return EXIT_START
+        try:
+            return asyncio.run(daemon.run())
+        except ListenerError as e:
+            print(f"anolisnuma: cannot listen: {e}", file=sys.stderr)
+            return EXIT_START
+    finally:
+        logsetup.shutdown()  # every queued line is written before the process exits
 
 
 if __name__ == "__main__":

@@ -150,6 +150,7 @@ class Daemon:
         server.close()
         self.listener.close()
         left = await self.relay.drain(grace)
+        self.interceptor.aborts.flush()  # the counts of calls cut short, not left unsaid
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_task.cancel()
         for task in self._background:

@@ -239,6 +239,11 @@ class InProcessProxy:
         return self.daemon.interceptor
 
     def log_lines(self) -> List[Dict[str, Any]]:
+        """The log file's lines, including every line logged before this call (a writer
+        thread writes them: wait for it)."""
+        from anolisnuma import logsetup
+
+        logsetup.flush()
         for h in logging.getLogger().handlers:
             h.flush()
         return read_log(self.config.log.file)
@@ -297,6 +302,9 @@ class InProcessProxy:
             raise TimeoutError("the in-process proxy did not stop")
         self.thread = None
         if self.configure_logging:
+            from anolisnuma import logsetup
+
+            logsetup.shutdown()  # writes out what is queued, stops the writer thread
             root = logging.getLogger()
             for h in list(root.handlers):
                 root.removeHandler(h)
