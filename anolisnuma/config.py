@@ -104,8 +104,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 @dataclass
 class LogConfig:
     file: str = "/var/log/anolisnuma.log"   # "" logs to stderr only
-    level: str = "info"
-    stderr: bool = True
+    level: str = "info"                     # of anolisnuma's loggers; other libraries' stay at warning
+    stderr: bool = False                    # also to stderr when a file is set (journald keeps a copy)
 
     @classmethod
     def from_table(cls, t: Table) -> "LogConfig":

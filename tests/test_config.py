@@ -91,9 +91,9 @@ def test_runtime_errors_name_the_key(values, key):
 
 def test_log_defaults_and_values():
     d = section(LogConfig, {}, "log")
-    assert (d.file, d.level, d.stderr) == ("/var/log/anolisnuma.log", "info", True)
-    v = section(LogConfig, {"file": "", "level": "debug", "stderr": False}, "log")
-    assert (v.file, v.level, v.stderr) == ("", "debug", False)
+    assert (d.file, d.level, d.stderr) == ("/var/log/anolisnuma.log", "info", False)
+    v = section(LogConfig, {"file": "", "level": "debug", "stderr": True}, "log")
+    assert (v.file, v.level, v.stderr) == ("", "debug", True)
 
 
 @pytest.mark.parametrize("values,key", [
