@@ -14,6 +14,7 @@ import structlog
 
 from anolisnuma.logsummary import EventSummary
 from anolisnuma.pipeline.metrics import Counters
+from anolisnuma.system.heap import trim_heap
 from anolisnuma.transport import h2
 from anolisnuma.transport.budget import MemoryBudget
 from anolisnuma.transport.splice import Splice
@@ -21,6 +22,10 @@ from anolisnuma.transport.splice import Splice
 log = structlog.get_logger("anolisnuma.transport")
 
 MIB = 1 << 20
+# After the buffers held more than this and are empty again, free heap pages are given
+# back to the kernel (a second later, so that a busy stretch trims once, not per call).
+TRIM_AFTER_PEAK_BYTES = 4 * MIB
+TRIM_DELAY_SECONDS = 1.0
 
 
 class Relay:
@@ -34,7 +39,8 @@ class Relay:
         self.connect_timeout = connect_timeout
         self.max_message_bytes = max_message_bytes
         self.budget_per_connection = budget_per_connection
-        self.budget = MemoryBudget(budget_total)
+        self.budget = MemoryBudget(budget_total, on_empty=self._buffers_empty)
+        self._trim: Optional[asyncio.TimerHandle] = None
         self.counters = Counters()
         self.splices: set = set()
         self._tasks: set = set()
@@ -66,6 +72,19 @@ class Relay:
         name = h2.ERROR_NAMES.get(code, str(code))
         self.counters.add(f"connections_ended_{name.lower()}")
         self._faults.note(name, conn=splice.cid, http2_error=name, reason=why)
+
+    def _buffers_empty(self) -> None:
+        if self.budget.high_water < TRIM_AFTER_PEAK_BYTES or self._trim is not None:
+            return
+        self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_SECONDS, self._trim_heap)
+
+    def _trim_heap(self) -> None:
+        self._trim = None
+        if self.budget.used:
+            return  # busy again: the next time the buffers empty
+        self.budget.high_water = 0
+        trim_heap()
+        self.counters.add("heap_trims")
 
     # ---------------------------------------------------------------- connections
     async def _connect(self, splice: Splice) -> None:

@@ -456,8 +456,10 @@ class Splice:
         if self.budget.try_take(n):
             st.charged += n
             return True
-        for victim in sorted((s for s in self.streams.values() if s.holding and s.sid > st.sid),
-                             key=lambda s: s.sid, reverse=True):
+        # Streams are added in the order of their ids, which only grow: newest last.
+        for victim in list(itertools.takewhile(lambda s: s.sid > st.sid, reversed(self.streams.values()))):
+            if not victim.holding:
+                continue
             self._refuse(victim, self._budget_message())
             if self.budget.try_take(n):
                 st.charged += n

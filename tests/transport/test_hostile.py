@@ -1,0 +1,341 @@
+"""Hostile and broken clients against the daemon as it runs on a node (a subprocess).
+
+Each case: the attacked connection gets an error or is closed; another connection's
+Version answers within 1 s meanwhile; the daemon's RSS grows by less than its buffer
+budget and comes back near its baseline; no file descriptor is left behind; SIGTERM still
+stops it within its drain grace.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Iterator, List
+
+import grpc
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+
+from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+from anolisnuma.testing.h2raw import RawH2Client
+from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
+from anolisnuma.transport import h2 as wire
+
+from conftest import CLIENT_OPTIONS, GO_LIKE_SERVER, MIB
+
+cri = pytest.importorskip("cri_api.v1.api_pb2")
+cri_grpc = pytest.importorskip("cri_api.v1.api_pb2_grpc")
+
+CREATE = runtime_path("CreateContainer")
+RUN = runtime_path("RunPodSandbox")
+UNKNOWN = "/made.up.Service/Upload"
+PER_CONNECTION = 16 * MIB
+TOTAL = 24 * MIB
+
+
+# ---------------------------------------------------------------- the daemon and what it uses
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not met within {timeout}s")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def backend(sockdir: str) -> Iterator[FakeCri]:
+    # containerd serves each stream on its own goroutine; with a pool of a few dozen
+    # threads, the streams a flood holds open would make the fake, not the relay, what
+    # the watchdog's Version waits for.
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0, server_options=GO_LIKE_SERVER,
+                 max_workers=4096) as f:
+        yield f
+
+
+@pytest.fixture
+def daemon(sockdir: str, backend: FakeCri) -> Iterator[SubprocessProxy]:
+    """The daemon with QoS on (its RunPodSandbox/CreateContainer pre-hooks hold requests)
+    over an empty fake kernel tree, and small budgets."""
+    cfg = config_dict(sockdir, backend.socket_path, extra={
+        "server": {"buffer_bytes_per_connection": PER_CONNECTION, "buffer_bytes_total": TOTAL,
+                   "shutdown_grace_seconds": 3.0},
+        "qos": {"enabled": True},
+    })
+    proxy = SubprocessProxy(cfg, sockdir).start()
+    # a first call warms up every code path, so RSS baselines are taken on a warm daemon
+    with grpc.insecure_channel(proxy.address, options=CLIENT_OPTIONS) as ch:
+        cri_grpc.RuntimeServiceStub(ch).Version(cri.VersionRequest(), timeout=5)
+    yield proxy
+    proxy.stop()
+
+
+_WATCHDOG = """
+import sys, time, grpc
+from cri_api.v1 import api_pb2 as cri, api_pb2_grpc as cri_grpc
+stub = cri_grpc.RuntimeServiceStub(grpc.insecure_channel(sys.argv[1]))
+worst = -1.0
+while True:
+    started = time.monotonic()
+    stub.Version(cri.VersionRequest(), timeout=10)
+    took = time.monotonic() - started
+    if took > worst:
+        worst = took
+        print(f"{worst:.4f}", flush=True)
+"""
+
+
+class Watchdog:
+    """Version over its own connection, again and again, while an attack runs. In a
+    process of its own, so that what it measures is the daemon, not the attacker's
+    threads competing for this process's interpreter lock."""
+
+    def __init__(self, proxy: SubprocessProxy) -> None:
+        self.proxy = proxy
+        self.worst = 0.0
+
+    def __enter__(self) -> "Watchdog":
+        self.proc = subprocess.Popen([sys.executable, "-c", _WATCHDOG, self.proxy.address],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline(), "the watchdog's first Version failed"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        out, _ = self.proc.communicate(timeout=10)
+        self.worst = max([float(w) for w in out.split()] + [0.0])
+        assert self.worst < 1.0, f"Version took {self.worst:.2f}s during the attack"
+
+
+def assert_recovers(proxy: SubprocessProxy, rss_before: int, fds_before: int) -> None:
+    pid = proxy.proc.pid
+    wait_for(lambda: fds(pid) <= fds_before, what=f"fds back to {fds_before} (now {fds(pid)})")
+    wait_for(lambda: rss_bytes(pid) < rss_before + 10 * MIB, timeout=10,
+             what=f"RSS back within 10 MB of {rss_before >> 20} MiB (now {rss_bytes(pid) >> 20} MiB)")
+
+
+# ---------------------------------------------------------------- frames and header blocks
+
+def test_oversized_headers_frame_ends_the_connection(daemon):
+    """One 16 MiB HEADERS frame used to freeze the event loop for minutes."""
+    pid = daemon.proc.pid
+    rss0, fds0 = rss_bytes(pid), fds(pid)
+    with Watchdog(daemon), RawH2Client(daemon.socket_path) as c:
+        c.start()
+        # a frame header announcing 16 MiB - 1 of HEADERS payload
+        c.send(((1 << 24) - 1).to_bytes(3, "big") + bytes([wire.HEADERS, wire.FLAG_END_HEADERS]) + (1).to_bytes(4, "big"))
+        for _ in range(64):  # keep writing the announced payload until the proxy hangs up
+            if not c.send(b"\x00" * 65536):
+                break
+        assert c.goaway_code() == wire.FRAME_SIZE_ERROR
+        assert c.wait_closed()
+    assert_recovers(daemon, rss0, fds0)
+
+
+@pytest.mark.parametrize("fields", [b"\x00\x00\x00", b"\x40\x00\x00"], ids=["literal", "indexed-literal"])
+def test_continuation_flood_ends_the_connection(fields, daemon):
+    """Header blocks of empty literals in legal 16 KiB frames, HEADERS then CONTINUATIONs
+    without end: the block is cut at 256 KiB and the connection ended."""
+    pid = daemon.proc.pid
+    rss0, fds0 = rss_bytes(pid), fds(pid)
+    chunk = fields * (16383 // len(fields))
+    started = time.monotonic()
+    with Watchdog(daemon), RawH2Client(daemon.socket_path) as c:
+        c.start()
+        c.send(c.frame(wire.HEADERS, 0, 1, chunk))
+        sent = len(chunk)
+        while sent < 64 * MIB and c.send(c.frame(wire.CONTINUATION, 0, 1, chunk)):
+            sent += len(chunk)
+        assert c.goaway_code() == wire.ENHANCE_YOUR_CALM
+        assert c.wait_closed()
+    assert sent < 8 * MIB, "the proxy kept reading the flood"
+    assert time.monotonic() - started < 5
+    assert_recovers(daemon, rss0, fds0)
+
+
+def test_many_empty_literals_in_one_block_end_the_connection_quickly(daemon):
+    """Within the block cap but over the header list cap: decoded in linear time and
+    refused, in milliseconds rather than the 14 s a quadratic decoder took."""
+    with Watchdog(daemon), RawH2Client(daemon.socket_path) as c:
+        c.start()
+        block = b"\x00\x00\x00" * (200_000 // 3)
+        frames = [block[i:i + 16384] for i in range(0, len(block), 16384)]
+        c.send(c.frame(wire.HEADERS, 0, 1, frames[0]))
+        for i, f in enumerate(frames[1:], 1):
+            c.send(c.frame(wire.CONTINUATION, wire.FLAG_END_HEADERS if i == len(frames) - 1 else 0, 1, f))
+        started = time.monotonic()
+        assert c.goaway_code() == wire.ENHANCE_YOUR_CALM
+        assert time.monotonic() - started < 1.0
+
+
+def test_undecodable_header_block_ends_the_connection_and_nothing_passes_unpoliced(daemon, backend):
+    """A block the relay cannot decode (bad Huffman padding) used to switch the connection
+    to blind relaying, where a later RunPodSandbox ran with no hook, no log, no record."""
+    with RawH2Client(daemon.socket_path) as c:
+        c.start()
+        # literal field, new name "x", Huffman-coded value of four 0xff bytes (holds EOS)
+        c.send(c.frame(wire.HEADERS, wire.FLAG_END_HEADERS | wire.FLAG_END_STREAM, 1,
+                       b"\x00\x01x\x84\xff\xff\xff\xff"))
+        c.send(c.headers(3, RUN) + c.frame(wire.DATA, wire.FLAG_END_STREAM, 3,
+                                           b"\x00" + (0).to_bytes(4, "big")))
+        assert c.goaway_code() == wire.COMPRESSION_ERROR
+        assert c.wait_closed()
+    assert backend.calls(RUN) == 0
+    # the next connection is read afresh and policed
+    with grpc.insecure_channel(daemon.address, options=CLIENT_OPTIONS) as ch:
+        cri_grpc.RuntimeServiceStub(ch).RunPodSandbox(cri.RunPodSandboxRequest(config=cri.PodSandboxConfig(
+            metadata=cri.PodSandboxMetadata(name="p", uid="u1", namespace="default"))), timeout=5)
+    lines = read_log(daemon.data["log"]["file"])
+    assert any(line.get("message") == "run pod sandbox request from kubelet" for line in lines)
+    assert any(line.get("http2_error") == "COMPRESSION_ERROR" for line in lines)
+
+
+def test_client_that_does_not_speak_http2_is_closed(daemon, backend):
+    versions = backend.calls(runtime_path("Version"))
+    with RawH2Client(daemon.socket_path) as c:
+        c.send(b"GET /runtime.v1.RuntimeService/Version HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert c.wait_closed()
+        assert c.goaway_code() == wire.PROTOCOL_ERROR
+        assert {f.type for f in c.frames} <= {wire.SETTINGS, wire.GOAWAY}  # containerd's preface, our GOAWAY
+    assert backend.calls(runtime_path("Version")) == versions
+
+
+# ---------------------------------------------------------------- flow control and memory
+
+def test_data_past_the_window_ends_the_connection(daemon):
+    """A client that ignores flow control used to park its bytes in an unbounded queue
+    (+1.6 GB in 3 s)."""
+    pid = daemon.proc.pid
+    rss0, fds0 = rss_bytes(pid), fds(pid)
+    with Watchdog(daemon), RawH2Client(daemon.socket_path) as c:
+        c.start()
+        c.send(c.headers(1, UNKNOWN))
+        sent = 0
+        while sent < 256 * MIB and c.send(c.frame(wire.DATA, 0, 1, b"\x00" * 16384)):
+            sent += 16384
+        assert c.goaway_code() == wire.FLOW_CONTROL_ERROR
+        assert c.wait_closed()
+    assert sent < 8 * MIB
+    assert_recovers(daemon, rss0, fds0)
+
+
+def _h2_client() -> h2.connection.H2Connection:
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    conn.initiate_connection()
+    return conn
+
+
+def test_flood_of_held_streams_stays_within_the_budget(daemon):
+    """10,000 intercepted streams that each send 16 KiB and never finish, from a client
+    that respects flow control (the relay credits what it holds, so it may go on): the
+    budget caps what is held; past it, streams are refused with RESOURCE_EXHAUSTED."""
+    pid = daemon.proc.pid
+    rss0, fds0 = rss_bytes(pid), fds(pid)
+    peak = rss0
+    refused = 0
+    with Watchdog(daemon), RawH2Client(daemon.socket_path, timeout=10) as c:
+        conn = _h2_client()
+        c.send(conn.data_to_send())
+        headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", CREATE.encode()),
+                   (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+        chunk = b"\x00" + (1 << 20).to_bytes(4, "big") + b"x" * (16384 - 5)
+        for i in range(10_000):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, headers)
+            while conn.local_flow_control_window(sid) < len(chunk):
+                c.read(timeout=5, until=lambda f: f.type == wire.WINDOW_UPDATE)
+                assert not c.eof, "the proxy closed a well-behaved connection"
+                events = conn.receive_data(_frames_bytes(c))
+                refused += sum(1 for e in events if isinstance(e, h2.events.ResponseReceived))
+                c.send(conn.data_to_send())
+            conn.send_data(sid, chunk)
+            c.send(conn.data_to_send())
+            if i % 500 == 0:
+                peak = max(peak, rss_bytes(pid))
+        c.read(timeout=0.5)
+        events = conn.receive_data(_frames_bytes(c))
+        refused += sum(1 for e in events if isinstance(e, h2.events.ResponseReceived))
+        peak = max(peak, rss_bytes(pid))
+    assert refused > 0
+    assert peak - rss0 < PER_CONNECTION + 16 * MIB, f"RSS grew {(peak - rss0) >> 20} MiB"
+    assert_recovers(daemon, rss0, fds0)
+
+
+def _frames_bytes(c: RawH2Client) -> bytes:
+    """The frames the raw client read and has not handed on yet, as bytes for h2."""
+    out = b"".join(wire.frame(f.type, f.flags, f.stream, f.payload) for f in c.frames)
+    c.frames.clear()
+    return out
+
+
+def test_client_gone_with_both_directions_full_leaves_nothing_open(daemon, backend):
+    """A client that stops reading a large server stream, fills its upload window too, then
+    closes: the daemon's connection to containerd must go with it (it used to stay open
+    for ever, with its buffers, when a close waited for a write buffer to drain)."""
+    backend.set_stream("/made.up.Service/Download", lambda req, ctx: (b"y" * MIB for _ in range(256)))
+    pid = daemon.proc.pid
+    rss0, fds0 = rss_bytes(pid), fds(pid)
+    for _ in range(3):
+        c = RawH2Client(daemon.socket_path)
+        c.start()
+        c.send(c.headers(1, "/made.up.Service/Download") + c.frame(
+            wire.DATA, wire.FLAG_END_STREAM, 1, b"\x00\x00\x00\x00\x00"))
+        c.send(c.headers(3, UNKNOWN))
+        for _ in range(3):  # the whole initial window (64 KiB) of upload, and no more
+            c.send(c.frame(wire.DATA, 0, 3, b"u" * 16384))
+        c.send(c.frame(wire.DATA, 0, 3, b"u" * (16384 - 1 - 5)))  # 5 bytes went to the download
+        wait_for(lambda: fds(pid) >= fds0 + 2, what="both connections open")
+        time.sleep(0.5)  # let the download fill every buffer on the way: nothing to wait on
+        c.close()
+    assert_recovers(daemon, rss0, fds0)
+
+
+def test_reset_flood_is_summarised_in_the_log(daemon):
+    """200k reset streams wrote 47 MB of log, one warning each; now a few lines."""
+    log_file = daemon.data["log"]["file"]
+    lines_before = len(read_log(log_file))
+    with Watchdog(daemon), RawH2Client(daemon.socket_path) as c:
+        c.start()
+        for batch in range(20):
+            frames = []
+            for i in range(1000):
+                sid = 1 + 2 * (batch * 1000 + i)
+                frames.append(c.headers(sid, CREATE) + c.frame(wire.RST_STREAM, 0, sid, wire.CANCEL.to_bytes(4, "big")))
+            assert c.send(b"".join(frames))
+        c.send(c.headers(40_001, runtime_path("Version")) + c.frame(
+            wire.DATA, wire.FLAG_END_STREAM, 40_001, b"\x00\x00\x00\x00\x00"))
+        got = c.read(timeout=10, until=lambda f: f.stream == 40_001 and f.flags & wire.FLAG_END_STREAM)
+        assert got and got[-1].stream == 40_001, "the connection stopped answering"
+    lines = read_log(log_file)[lines_before:]
+    assert len(lines) < 20, [line.get("message") for line in lines]
+
+
+def test_sigterm_during_a_flood_stops_within_the_grace(daemon):
+    with RawH2Client(daemon.socket_path) as c:
+        c.start()
+        chunk = b"\x00" + (1 << 20).to_bytes(4, "big") + b"x" * 16000
+        for sid in range(1, 400, 2):  # many held requests, none finished
+            c.send(c.headers(sid, CREATE) + c.frame(wire.DATA, 0, sid, chunk))
+        c.read(timeout=0.5)
+        started = time.monotonic()
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(timeout=10) == 0
+        grace = daemon.data["server"]["shutdown_grace_seconds"]
+        assert time.monotonic() - started < grace + 1.0
