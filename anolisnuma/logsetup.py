@@ -125,22 +125,32 @@ def flush(timeout: float = 5.0) -> bool:
     return token.done.wait(timeout)
 
 
-def shutdown() -> None:
+def shutdown(timeout: float = 5.0) -> bool:
     """Write out every queued line (and the count of dropped ones), then stop the writer
-    and close the destinations. Lines logged afterwards go nowhere until :func:`configure`."""
+    and close the destinations. Lines logged afterwards go nowhere until :func:`configure`.
+
+    A destination that does not take lines (a dead journald pipe) cannot hold the exit
+    beyond ``timeout``: then the writer is left behind (a daemon thread) and False returned.
+    """
     global _current
     pipeline, _current = _current, None
     if pipeline is None:
-        return
+        return True
     logging.getLogger().removeHandler(pipeline.handler)
     with pipeline.handler.lock:  # no enqueue() runs any more: the count is final
         dropped = pipeline.handler.dropped
         pipeline.handler.dropped = 0
-    if dropped:
-        pipeline.handler.queue.put(_dropped_record(dropped))  # blocking: the writer drains
-    pipeline.writer.stop()
-    for h in pipeline.outputs:
-        h.close()
+    deadline = time.monotonic() + timeout
+    try:
+        if dropped:
+            pipeline.handler.queue.put(_dropped_record(dropped), timeout=timeout)
+        stopped = pipeline.writer.stop_within(max(0.0, deadline - time.monotonic()))
+    except queue.Full:
+        stopped = False
+    if stopped:
+        for h in pipeline.outputs:
+            h.close()
+    return stopped
 
 
 def dropped_total() -> int:
@@ -199,8 +209,18 @@ class _Writer(QueueListener):
             return
         super().handle(record)
 
-    def enqueue_sentinel(self) -> None:
-        self.queue.put(self._sentinel)  # blocking (the queue is bounded): after every line
+    def stop_within(self, timeout: float) -> bool:
+        """QueueListener.stop() with a bound: the sentinel goes after every queued line
+        (waiting for room, the queue is bounded), then the thread is joined."""
+        deadline = time.monotonic() + timeout
+        self.queue.put(self._sentinel, timeout=timeout)
+        thread = self._thread
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                return False
+        self._thread = None
+        return True
 
 
 class _LineFormatter(logging.Formatter):

@@ -198,6 +198,27 @@ def test_drops_still_pending_at_shutdown_are_reported(monkeypatch):
     assert lines[-1]["dropped"] == 3
 
 
+def test_a_dead_destination_cannot_hold_the_exit(monkeypatch):
+    """stderr is a pipe nobody reads any more: shutdown() gives up after its timeout
+    instead of keeping the process alive past systemd's stop timeout."""
+    stream = BlockingStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    logsetup.configure("info", None, queue_lines=4)
+    log = structlog.get_logger("anolisnuma.test")
+    for i in range(10):
+        log.info("stuck", i=i)
+    assert stream.entered.wait(5)
+    result = []
+    stopper = threading.Thread(target=lambda: result.append(logsetup.shutdown(timeout=0.2)))
+    try:
+        stopper.start()
+        stopper.join(5)
+        assert not stopper.is_alive(), "shutdown() hung on a destination that takes no lines"
+        assert result == [False]
+    finally:
+        stream.release.set()
+
+
 def test_rotated_file_is_reopened(tmp_path):
     path = str(tmp_path / "a.log")
     logsetup.configure("info", path)
