@@ -13,7 +13,10 @@ closed). :class:`RawH2Client` writes frames as given and reads frames back.
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
 import time
 from typing import List, NamedTuple, Optional
 
@@ -115,6 +118,10 @@ class RawH2Client:
         del self._buf[:end]
         return Frame(ftype, flags, stream, payload)
 
+    def unread_bytes(self) -> int:
+        """Bytes the proxy wrote that wait in this socket's receive buffer, unread."""
+        return struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
     def goaway_code(self, timeout: float = 5.0) -> Optional[int]:
         """The error code of the GOAWAY the proxy sent (reading until one arrives or the
         connection closes); None if none came."""
@@ -130,3 +137,43 @@ class RawH2Client:
         """Read (and keep) frames until the proxy closes the connection; True if it did."""
         self.read(timeout)
         return self.eof
+
+
+def flood_held_streams(socket_path: str, path: str, streams: int, chunk_bytes: int = 16384) -> int:
+    """Open ``streams`` calls of ``path`` on one connection, each sending ``chunk_bytes``
+    of a (much longer) gRPC message and never finishing, while honouring flow control the
+    way a real client does (the ``h2`` library keeps the windows). Returns how many calls
+    the proxy answered (refused) meanwhile."""
+    from h2.config import H2Configuration
+    from h2.connection import H2Connection
+    from h2.events import ResponseReceived
+
+    conn = H2Connection(H2Configuration(client_side=True, header_encoding=None))
+    conn.initiate_connection()
+    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path.encode()),
+               (b":authority", b"localhost"), (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+    chunk = b"\x00" + (1 << 20).to_bytes(4, "big") + b"x" * (chunk_bytes - 5)
+    answered = 0
+    with RawH2Client(socket_path, timeout=10) as c:
+
+        def exchange() -> None:
+            nonlocal answered
+            c.read(timeout=5, until=lambda f: f.type == h2.WINDOW_UPDATE)
+            if c.eof:
+                raise RuntimeError("the proxy closed a well-behaved connection")
+            raw = b"".join(h2.frame(f.type, f.flags, f.stream, f.payload) for f in c.frames)
+            c.frames.clear()
+            answered += sum(isinstance(e, ResponseReceived) for e in conn.receive_data(raw))
+            c.send(conn.data_to_send())
+
+        c.send(conn.data_to_send())
+        for _ in range(streams):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, headers)
+            while conn.local_flow_control_window(sid) < len(chunk):
+                exchange()
+            conn.send_data(sid, chunk)
+            c.send(conn.data_to_send())
+        c.read(timeout=0.5)
+        exchange()
+    return answered

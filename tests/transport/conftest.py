@@ -10,23 +10,9 @@ from typing import Iterator, List
 import grpc
 import pytest
 
+from anolisnuma.testing.channel_options import CLIENT_OPTIONS, GO_LIKE_SERVER
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.proxy import InProcessProxy, make_config
-
-MIB = 1 << 20
-# Both peers behave like the real ones (grpc-go: the kubelet and containerd): 16 KiB frames,
-# 64 KiB initial windows, no window auto-tuning by BDP probing.
-GO_LIKE_SERVER = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65535)]
-CLIENT_OPTIONS = [
-    ("grpc.max_receive_message_length", 16 * MIB),
-    ("grpc.max_send_message_length", 16 * MIB),
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 200),
-    ("grpc.enable_retries", 0),
-    ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.max_frame_size", 16384),
-]
 
 
 @pytest.fixture

@@ -20,11 +20,10 @@ import grpc
 import pytest
 
 from anolisnuma.pipeline.hooks import CREATE_CONTAINER, Call, Hook
+from anolisnuma.testing.channel_options import CLIENT_OPTIONS, GO_LIKE_SERVER, MIB
 from anolisnuma.testing.fake_cri import FakeCri, runtime_path
 from anolisnuma.testing.goclient import build_gocri, run_gocri
 from anolisnuma.testing.proxy import InProcessProxy, make_config
-
-from conftest import CLIENT_OPTIONS, GO_LIKE_SERVER, MIB
 
 cri = pytest.importorskip("cri_api.v1.api_pb2")
 cri_grpc = pytest.importorskip("cri_api.v1.api_pb2_grpc")

@@ -1,0 +1,77 @@
+"""Probes of a daemon running as a subprocess, for tests that attack it: its RSS and open
+file descriptors, and a watchdog that keeps calling Version on a connection of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+MIB = 1 << 20
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:
+    """Poll ``cond`` until it is true; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not met within {timeout}s")
+        time.sleep(0.02)
+
+
+def assert_recovers(pid: int, rss_before: int, fds_before: int) -> None:
+    """The daemon's fds come back to ``fds_before`` and its RSS within 10 MB of ``rss_before``."""
+    wait_for(lambda: fds(pid) <= fds_before, what=f"fds back to {fds_before} (now {fds(pid)})")
+    wait_for(lambda: rss_bytes(pid) < rss_before + 10 * MIB, timeout=10,
+             what=f"RSS back within 10 MB of {rss_before >> 20} MiB (now {rss_bytes(pid) >> 20} MiB)")
+
+
+_WATCHDOG = """
+import sys, time, grpc
+from cri_api.v1 import api_pb2 as cri, api_pb2_grpc as cri_grpc
+stub = cri_grpc.RuntimeServiceStub(grpc.insecure_channel(sys.argv[1]))
+worst = -1.0
+while True:
+    started = time.monotonic()
+    stub.Version(cri.VersionRequest(), timeout=10)
+    took = time.monotonic() - started
+    if took > worst:
+        worst = took
+        print(f"{worst:.4f}", flush=True)
+"""
+
+
+class Watchdog:
+    """Version over its own connection, again and again, while an attack runs. In a
+    process of its own, so that what it measures is the daemon, not the attacker's
+    threads competing for this process's interpreter lock."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.worst = 0.0
+
+    def __enter__(self) -> "Watchdog":
+        self.proc = subprocess.Popen([sys.executable, "-c", _WATCHDOG, self.address],
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline(), "the watchdog's first Version failed"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        out, _ = self.proc.communicate(timeout=10)
+        self.worst = max([float(w) for w in out.split()] + [0.0])
+        assert self.worst < 1.0, f"Version took {self.worst:.2f}s during the attack"
