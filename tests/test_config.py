@@ -223,3 +223,23 @@ def test_syntax_error_and_missing_file(tmp_path):
 @pytest.mark.skipif(not os.path.exists(os.path.join(REPO, "config.toml")), reason="no shipped config.toml yet")
 def test_shipped_default_config_is_valid():
     Config.load(os.path.join(REPO, "config.toml"))
+
+
+def test_buffer_budgets_default_and_follow_the_message_limit():
+    s = section(ServerConfig, {}, "server")
+    assert (s.buffer_bytes_per_connection, s.buffer_bytes_total) == (32 * MIB, 64 * MIB)
+    s = section(ServerConfig, {"max_message_bytes": 64 * MIB}, "server")
+    assert (s.buffer_bytes_per_connection, s.buffer_bytes_total) == (128 * MIB, 256 * MIB)
+    s = section(ServerConfig, {"buffer_bytes_per_connection": 20 * MIB, "buffer_bytes_total": 20 * MIB}, "server")
+    assert (s.buffer_bytes_per_connection, s.buffer_bytes_total) == (20 * MIB, 20 * MIB)
+
+
+@pytest.mark.parametrize("values,key", [
+    ({"buffer_bytes_per_connection": 8 * MIB}, "server.buffer_bytes_per_connection"),  # < one message
+    ({"buffer_bytes_per_connection": 32 * MIB, "buffer_bytes_total": 16 * MIB}, "server.buffer_bytes_total"),
+    ({"buffer_bytes_total": "64M"}, "server.buffer_bytes_total"),
+])
+def test_bad_buffer_budgets_are_refused_naming_the_key(values, key):
+    with pytest.raises(ConfigError) as e:
+        section(ServerConfig, values, "server")
+    assert e.value.key == key
