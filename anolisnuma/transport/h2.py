@@ -116,6 +116,10 @@ def parse_settings(payload: bytes) -> List[Tuple[int, int]]:
     return [struct.unpack_from(">HL", payload, i) for i in range(0, len(payload) - len(payload) % 6, 6)]
 
 
+def settings_frame(settings: List[Tuple[int, int]]) -> bytes:
+    return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HL", ident, value) for ident, value in settings))
+
+
 def trailers_only_block(status: int, message: str) -> bytes:
     """A header block answering a call with only a status (gRPC "Trailers-Only").
 

@@ -59,6 +59,11 @@ class HeaderBlockDecoder:
         use until it has seen the setting."""
         self._decoder.max_allowed_table_size = max(size, h2.DEFAULT_HEADER_TABLE_SIZE)
 
+    @property
+    def stateless(self) -> bool:
+        """No entry in the dynamic table: every block so far stood alone."""
+        return not self._decoder.header_table.dynamic_entries
+
     def decode(self, block: bytes) -> Headers:
         """The block's header fields as raw (name, value) pairs.
 

@@ -134,6 +134,7 @@ class _Reader:
         self.max_frame = h2.DEFAULT_MAX_FRAME_SIZE   # what the receiving peer accepts
         self.pending: List[tuple] = []    # frames of ours waiting for a frame boundary
         self.tail: Optional[int] = None   # stream whose END_STREAM frame is still streaming
+        self.silenced_block: List[bytes] = []  # frames of a header block we may drop
         self.whole_pending = False        # the frame at the head of ``buf`` is read whole
 
     @property
@@ -161,6 +162,7 @@ class Splice:
         self.max_sid = 0
         self.goaway_sid: Optional[int] = None   # set when we told the kubelet to go away
         self.refused: "OrderedDict[int, None]" = OrderedDict()  # whose DATA we drop
+        self.silenced: "OrderedDict[int, None]" = OrderedDict()  # answered by us: containerd's frames dropped
         # containerd's side of flow control, as we follow it
         self.up_stream_window = h2.DEFAULT_WINDOW   # its initial stream window
         self.up_window = h2.DEFAULT_WINDOW          # its connection window left
@@ -386,11 +388,16 @@ class Splice:
             return
         if ftype == h2.SETTINGS:
             if not flags & h2.FLAG_ACK:
-                for ident, value in h2.parse_settings(payload):
+                settings = h2.parse_settings(payload)
+                for ident, value in settings:
                     if ident == h2.SETTINGS_MAX_FRAME_SIZE:
                         self.c2k.max_frame = max(value, h2.DEFAULT_MAX_FRAME_SIZE)
                     elif ident == h2.SETTINGS_HEADER_TABLE_SIZE:
                         self.c2k_hpack.allow_table_size(value)
+                # containerd is asked to code its header blocks without a dynamic table, so
+                # that each block stands alone: one the kubelet must not see can be dropped.
+                raw = h2.settings_frame([(i, v) for i, v in settings if i != h2.SETTINGS_HEADER_TABLE_SIZE]
+                                        + [(h2.SETTINGS_HEADER_TABLE_SIZE, 0)])
             self._send_up(raw, ordered=False)
             return
         self._send_up(raw)
@@ -460,15 +467,16 @@ class Splice:
         for victim in list(itertools.takewhile(lambda s: s.sid > st.sid, reversed(self.streams.values()))):
             if not victim.holding:
                 continue
-            self._refuse(victim, self._budget_message())
+            self._refuse(victim, self._budget_message(n))
             if self.budget.try_take(n):
                 st.charged += n
                 return True
-        self._refuse(st, self._budget_message())
+        self._refuse(st, self._budget_message(n))
         return False
 
-    def _budget_message(self) -> str:
-        if self.budget.used + STREAM_OVERHEAD_BYTES > self.budget.limit:
+    def _budget_message(self, wanted: int) -> str:
+        """Which budget had no room for ``wanted`` more bytes, for the caller and the log."""
+        if self.budget.used + wanted > self.budget.limit:
             which = f"this connection's relay buffer budget ({self.budget.limit} bytes)"
         else:
             which = f"the relay's buffer budget ({self.relay.budget.limit} bytes)"
@@ -552,9 +560,7 @@ class Splice:
             return
         self.relay.call_refused(self, st.call, message)
         if not st.request_done:
-            self.refused[st.sid] = None
-            if len(self.refused) > MAX_REFUSED_REMEMBERED:
-                self.refused.popitem(last=False)
+            _remember(self.refused, st.sid)
         self._answer(st, RESOURCE_EXHAUSTED, message)
         self._finish(st, aborted=f"refused: {message}")
 
@@ -567,6 +573,9 @@ class Splice:
         st.status, st.status_message = status, message
         self._inject_down(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS | h2.FLAG_END_STREAM, st.sid,
                                    h2.trailers_only_block(status, message)))
+        # containerd may have answered already, its frames crossing our RST_STREAM: the
+        # kubelet's stream is over, so they are dropped (see _c2k_frame)
+        _remember(self.silenced, st.sid)
         self.open_streams.discard(st.sid)
         self._wake_idle()
 
@@ -586,7 +595,7 @@ class Splice:
             raise ConnectionFault(h2.FRAME_SIZE_ERROR,
                                   f"frame of {length} bytes over the {self.c2k.max_frame} allowed")
         self._check_header_block(self.c2k, ftype, sid)
-        return ftype == h2.DATA and sid not in self.streams
+        return ftype == h2.DATA and sid not in self.streams and sid not in self.silenced
 
     def _c2k_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
         if ftype == h2.WINDOW_UPDATE and len(payload) == 4:
@@ -607,6 +616,8 @@ class Splice:
                 elif ident == h2.SETTINGS_HEADER_TABLE_SIZE:
                     self.k2c_hpack.allow_table_size(value)
             self._send_down(raw)
+            return
+        if sid in self.silenced and self._silence(ftype, flags, sid, payload, raw):
             return
         st = self.streams.get(sid)
         if ftype == h2.DATA:
@@ -638,6 +649,38 @@ class Splice:
             self._wake_idle()
             return
         self._send_down(raw)
+
+    def _silence(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes) -> bool:
+        """Drop a frame of containerd's for a call we answered ourselves (the kubelet's
+        stream is over: a frame after its END_STREAM is a protocol error). True if dropped."""
+        if ftype == h2.DATA:
+            if payload:  # the kubelet will never return this credit: we do
+                self._inject_up(h2.window_update(0, len(payload)))
+        elif ftype == h2.HEADERS:
+            # Kept until the block is decoded: only a block that left containerd's dynamic
+            # table empty may be dropped without the kubelet's decoder missing an entry.
+            self.c2k.silenced_block = [raw]
+            self._end_silenced_block(self._header_fragment(self.c2k, self.c2k_hpack, ftype, flags, sid, payload))
+            return True
+        elif ftype == h2.CONTINUATION:
+            self.c2k.silenced_block.append(raw)
+            self._end_silenced_block(self._header_fragment(self.c2k, self.c2k_hpack, ftype, flags, sid, payload))
+            return True
+        elif ftype != h2.RST_STREAM:
+            return False
+        if ftype == h2.RST_STREAM or flags & h2.FLAG_END_STREAM:
+            self.silenced.pop(sid, None)
+        return True
+
+    def _end_silenced_block(self, headers: Optional[list]) -> None:
+        if headers is None:
+            return  # CONTINUATION frames follow
+        frames, self.c2k.silenced_block = self.c2k.silenced_block, []
+        if not self.c2k_hpack.stateless:
+            for f in frames:  # containerd ignored our table size: keep the kubelet in step
+                self._send_down(f)
+        if self.c2k.header_end_stream:
+            self.silenced.pop(self.c2k.header_sid, None)
 
     def _window_update_from_containerd(self, sid: int, inc: int, raw: bytes) -> None:
         if sid == 0:
@@ -706,7 +749,7 @@ class Splice:
         if self.goaway_sid is not None and sid > self.goaway_sid:
             # Opened after we announced shutdown: containerd must not run it.
             if not end_stream:
-                self.refused[sid] = None
+                _remember(self.refused, sid)
             self._inject_up(h2.rst_stream(sid, h2.CANCEL))
             self._inject_down(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
@@ -728,7 +771,7 @@ class Splice:
         st = _Stream(sid, call, holding=call.holds_request, up_window=self.up_stream_window)
         self.streams[sid] = st
         if not self.budget.try_take(STREAM_OVERHEAD_BYTES):
-            self._refuse(st, self._budget_message())
+            self._refuse(st, self._budget_message(STREAM_OVERHEAD_BYTES))
             return
         st.charged = STREAM_OVERHEAD_BYTES
 
@@ -869,6 +912,13 @@ class Splice:
         fut = asyncio.get_running_loop().create_future()
         self.idle_waiters.append(fut)
         await fut
+
+
+def _remember(sids: "OrderedDict[int, None]", sid: int) -> None:
+    """Add ``sid`` to a bounded set of stream ids, forgetting the oldest past the bound."""
+    sids[sid] = None
+    if len(sids) > MAX_REFUSED_REMEMBERED:
+        sids.popitem(last=False)
 
 
 def _content(flags: int, payload: bytes) -> bytes:

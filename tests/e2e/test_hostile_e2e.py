@@ -53,3 +53,23 @@ def test_flood_of_held_streams_stays_within_the_budget(containerd, tmp_path):
         assert refused > 0
         assert peak - rss0 < PER_CONNECTION + 16 * MIB, f"RSS grew {(peak - rss0) >> 20} MiB"
         assert_recovers(pid, rss0, fds0)
+
+
+def test_containerd_codes_its_headers_without_a_dynamic_table(containerd, tmp_path):
+    """The relay asks containerd (SETTINGS_HEADER_TABLE_SIZE = 0) to code header blocks
+    that stand alone, so that one the kubelet must not see (containerd's answer crossing
+    the relay's own) can be dropped without the kubelet's HPACK decoder missing an entry.
+    containerd's grpc-go honours it: after many calls its dynamic table is still empty."""
+    import grpc
+
+    from anolisnuma.testing.proxy import InProcessProxy
+    from cri_proto import api_pb2
+
+    with InProcessProxy.for_backend(containerd.socket, str(tmp_path)) as proxy, \
+            grpc.insecure_channel(proxy.address) as channel:
+        for method, request in [("Version", api_pb2.VersionRequest()), ("Status", b""),
+                                ("ListContainers", api_pb2.ListContainersRequest())] * 5:
+            body = request if isinstance(request, bytes) else request.SerializeToString()
+            channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")(body, timeout=10)
+        splices = list(proxy.daemon.relay.splices)
+        assert splices and all(s.c2k_hpack.stateless for s in splices)
