@@ -11,7 +11,6 @@ from anolisnuma import __version__
 
 DEFAULT_CONFIG = "/etc/anolisnuma/config.toml"
 EXIT_CONFIG = 2
-EXIT_START = 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -36,18 +35,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
 
     from anolisnuma import logsetup
-    from anolisnuma.daemon import Daemon
+    from anolisnuma.daemon import EXIT_START, Daemon
     from anolisnuma.transport.listener import ListenerError
 
     logsetup.configure(config.log.level, config.log.file, config.log.stderr)
     try:
         try:
             daemon = Daemon(config)
-        except Exception as e:  # e.g. a policy whose start-up facts are unreadable
+        except Exception as e:  # e.g. an unusable state directory
             print(f"anolisnuma: cannot start: {e}", file=sys.stderr)
             return EXIT_START
         try:
-            return asyncio.run(daemon.run())
+            code = asyncio.run(daemon.run())
+            if daemon.failure:
+                print(f"anolisnuma: cannot start: {daemon.failure}", file=sys.stderr)
+            return code
         except ListenerError as e:
             print(f"anolisnuma: cannot listen: {e}", file=sys.stderr)
             return EXIT_START

@@ -14,14 +14,17 @@ from typing import List, Optional
 
 import structlog
 
-from anolisnuma import __version__
+from anolisnuma import __version__, logsetup
+from anolisnuma import reload as reload_plan
 from anolisnuma.config import Config
+from anolisnuma.configfile import ConfigError
 from anolisnuma.cri.client import CriClient
 from anolisnuma.pipeline.hooks import Hook
 from anolisnuma.pipeline.interceptor import Interceptor
 from anolisnuma.reconcile.numa import CpusetRepinner
 from anolisnuma.reconcile.startup import resync_store
 from anolisnuma.state.store import Store
+from anolisnuma.system import sd_notify
 from anolisnuma.transport.listener import UnixListener
 from anolisnuma.transport.relay import Relay
 
@@ -70,13 +73,19 @@ def _qos_hook(config: Config) -> Hook:
     return QosHook(config.qos, config.paths)
 
 
+EXIT_START = 1
+
+
 class Daemon:
+    """``hooks=None``: built from the configuration once the socket listens."""
+
     def __init__(self, config: Config, hooks: Optional[List[Hook]] = None) -> None:
         self.config = config
         self.store = Store(config.paths.state_dir)
-        self.hooks = build_hooks(config) if hooks is None else hooks
+        self.hooks: List[Hook] = list(hooks) if hooks is not None else []
+        self._build_hooks = hooks is None
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hook")
-        self.interceptor = Interceptor(self.hooks, config.hooks, self.store, self.executor,
+        self.interceptor = Interceptor(hooks, config.hooks, self.store, self.executor,
                                        max_message_bytes=config.server.max_message_bytes)
         self.interceptor.set_debug(config.log.level == "debug")
         self.relay = Relay(config.runtime.endpoint, self.interceptor,
@@ -89,8 +98,14 @@ class Daemon:
         self._resync_task: Optional[asyncio.Task] = None
         self._background: List[object] = []
         self.resynced = False
+        self.ready = False
+        self.exit_code = 0
+        self.failure = ""   # why the daemon stopped by itself, for the command line
 
     async def run(self) -> int:
+        """Listen first (the kubelet calls Version at its start and gives up if that
+        fails), then build the hooks, then tell systemd we are ready. Intercepted calls
+        that arrive meanwhile wait for their hooks; every other call is relayed at once."""
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         sock = self.listener.open()
@@ -98,17 +113,71 @@ class Daemon:
         server = await loop.create_unix_server(self.relay.protocol, sock=sock, backlog=self.listener.backlog)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        loop.add_signal_handler(signal.SIGUSR1, logsetup.reopen)
         log.info("anolisnuma listening", version=__version__, listen=self.config.server.listen,
-                 runtime=self.config.runtime.endpoint, hooks=[h.name for h in self.hooks],
-                 config=self.config.source)
+                 runtime=self.config.runtime.endpoint, config=self.config.source)
         self.store.load()
         self.store.start()
-        self._resync_task = asyncio.ensure_future(self._resync_until_done())
         try:
-            await self._stop.wait()
+            if await self._start_hooks():
+                self._resync_task = asyncio.ensure_future(self._resync_until_done())
+                self.ready = True
+                sd_notify.notify("READY=1", f"STATUS=relaying; hooks: {', '.join(h.name for h in self.hooks) or 'none'}")
+                await self._stop.wait()
         finally:
+            sd_notify.notify("STOPPING=1")
             await self._shutdown(server)
-        return 0
+        return self.exit_code
+
+    async def _start_hooks(self) -> bool:
+        """Build the hooks the configuration enables (unless given); False when one whose
+        failure policy is ``fail`` cannot start: the daemon then stops (exit 1)."""
+        if self._build_hooks:
+            try:
+                self.hooks = await asyncio.get_running_loop().run_in_executor(self.executor, build_hooks, self.config)
+            except HookUnavailable as e:
+                log.error("cannot start: a hook whose failure_policy is fail is unavailable", error=str(e))
+                self.interceptor.hooks_failed(str(e))
+                self.exit_code = EXIT_START
+                self.failure = str(e)
+                return False
+            self.interceptor.set_hooks(self.hooks)
+        log.info("hooks ready", hooks=[h.name for h in self.hooks])
+        return True
+
+    def reload(self) -> reload_plan.ReloadPlan:
+        """Re-read the configuration file and apply what may change live (SIGHUP). An
+        invalid file is refused with one log line; the running configuration stays."""
+        try:
+            new = Config.load(self.config.source) if self.config.source else None
+        except ConfigError as e:
+            log.error("configuration reload refused; the running configuration stays", error=str(e))
+            raise
+        if new is None:
+            raise ConfigError("", "the daemon was not started from a file")
+        plan = reload_plan.plan(self.config, new)
+        cfg = self.config
+        if "log.level" in plan.live:
+            cfg.log.level = new.log.level
+            logsetup.set_level(new.log.level)
+            self.interceptor.set_debug(new.log.level == "debug")
+        cfg.hooks = new.hooks
+        self.interceptor.set_config(new.hooks)
+        cfg.server.shutdown_grace_seconds = new.server.shutdown_grace_seconds
+        cfg.server.buffer_bytes_per_connection = new.server.buffer_bytes_per_connection
+        cfg.server.buffer_bytes_total = new.server.buffer_bytes_total
+        self.relay.set_budgets(new.server.buffer_bytes_per_connection, new.server.buffer_bytes_total)
+        cfg.runtime.connect_timeout_seconds = self.relay.connect_timeout = new.runtime.connect_timeout_seconds
+        log.info("configuration reloaded", config=cfg.source, applied=plan.live or None,
+                 needs_restart=plan.restart or None)
+        return plan
+
+    def _on_sighup(self) -> None:
+        try:
+            self.reload()
+        except ConfigError:
+            pass  # logged: the running configuration stays
 
     def stop(self) -> None:
         if self._stop is not None:

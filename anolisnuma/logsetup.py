@@ -153,6 +153,24 @@ def shutdown(timeout: float = 5.0) -> bool:
     return stopped
 
 
+def reopen() -> None:
+    """Reopen the log file (after logrotate moved or truncated it; its ``postrotate``
+    sends SIGUSR1). Done by the writer thread, between two lines."""
+    pipeline = _current
+    if pipeline is not None:
+        try:
+            pipeline.handler.queue.put_nowait(_REOPEN)
+        except queue.Full:  # the writer is behind; WatchedFileHandler reopens on its own
+            pass
+
+
+def set_level(level: str) -> None:
+    """Change the level of anolisnuma's own loggers (a configuration reload)."""
+    numeric = _LEVELS[level]
+    logging.getLogger(OWN_LOGGER).setLevel(numeric)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(numeric))
+
+
 def dropped_total() -> int:
     """Lines dropped so far by the current set-up because the writer fell behind."""
     pipeline = _current
@@ -188,6 +206,9 @@ class _DroppingQueueHandler(QueueHandler):
             self.dropped_total += 1
 
 
+_REOPEN = object()  # queued by reopen(): the writer reopens its files
+
+
 class _FlushToken:
     __slots__ = ("done",)
 
@@ -206,6 +227,19 @@ class _Writer(QueueListener):
             for h in self.handlers:
                 h.flush()
             record.done.set()
+            return
+        if record is _REOPEN:
+            for h in self.handlers:
+                if isinstance(h, logging.FileHandler):
+                    h.acquire()
+                    try:
+                        if h.stream is not None:
+                            h.stream.close()
+                        h.stream = h._open()
+                        if isinstance(h, WatchedFileHandler):
+                            h._statstream()  # remember the new file, not the moved one
+                    finally:
+                        h.release()
             return
         super().handle(record)
 

@@ -81,3 +81,201 @@ def test_listen_backlog_is_kept_when_asyncio_serves_the_socket(sockdir):
         for c in clients:
             c.close()
         proxy.stop()
+
+
+# ---------------------------------------------------------------- start order, readiness, reload
+
+class _PinHook:
+    """A pre-hook on CreateContainer that pins, as the NUMA hook does."""
+
+    name = "pin"
+
+    def wants_pre(self, method: str) -> bool:
+        return method == "CreateContainer"
+
+    def wants_post(self, method: str) -> bool:
+        return False
+
+    def pre(self, call) -> None:
+        call.request.config.linux.resources.cpuset_cpus = "3"
+        call.mark_modified()
+
+    def resync(self, pods, containers) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _create_request():
+    from cri_proto import api_pb2
+
+    return api_pb2.CreateContainerRequest(pod_sandbox_id="a" * 64, config=api_pb2.ContainerConfig(
+        metadata=api_pb2.ContainerMetadata(name="c"))).SerializeToString()
+
+
+def test_the_socket_answers_before_the_hooks_are_built_and_no_call_passes_without_them(sockdir, monkeypatch):
+    """The kubelet calls Version at its start and exits if it fails: the daemon listens
+    first and builds its hooks after. A lifecycle call arriving meanwhile waits for them."""
+    import threading
+
+    import grpc
+
+    from anolisnuma import daemon as daemon_module
+    from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+    from anolisnuma.testing.proxy import InProcessProxy, make_config
+    from cri_proto import api_pb2
+
+    building, release = threading.Event(), threading.Event()
+
+    def slow_build(config):
+        building.set()
+        assert release.wait(10)
+        return [_PinHook()]
+
+    monkeypatch.setattr(daemon_module, "build_hooks", slow_build)
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake, \
+            InProcessProxy(make_config(sockdir, fake.socket_path)) as proxy, \
+            grpc.insecure_channel(proxy.address) as channel:
+        assert building.wait(5)
+        version = channel.unary_unary(runtime_path("Version"))
+        assert version(api_pb2.VersionRequest().SerializeToString(), timeout=5)
+        create = channel.unary_unary(runtime_path("CreateContainer")).future(_create_request(), timeout=10)
+        _wait(lambda: proxy.daemon.interceptor.calls_waiting_for_hooks == 1)
+        assert fake.calls(runtime_path("CreateContainer")) == 0
+        assert not proxy.daemon.ready
+        release.set()
+        assert create.result()
+        forwarded = api_pb2.CreateContainerRequest.FromString(fake.last(runtime_path("CreateContainer")).request)
+        assert forwarded.config.linux.resources.cpuset_cpus == "3"
+        assert proxy.daemon.ready
+
+
+def test_a_fail_closed_hook_that_cannot_start_refuses_waiting_calls_and_exits_1(sockdir, monkeypatch):
+    import threading
+
+    import grpc
+
+    from anolisnuma import daemon as daemon_module
+    from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+    from anolisnuma.testing.proxy import InProcessProxy, make_config
+
+    building, release = threading.Event(), threading.Event()
+
+    def failing_build(config):
+        building.set()
+        assert release.wait(10)
+        raise HookUnavailable("hook numa cannot start: no topology")
+
+    monkeypatch.setattr(daemon_module, "build_hooks", failing_build)
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
+        proxy = InProcessProxy(make_config(sockdir, fake.socket_path)).start()
+        with grpc.insecure_channel(proxy.address) as channel:
+            assert building.wait(5)
+            create = channel.unary_unary(runtime_path("CreateContainer")).future(_create_request(), timeout=10)
+            _wait(lambda: proxy.daemon.interceptor.calls_waiting_for_hooks == 1)
+            release.set()
+            with pytest.raises(grpc.RpcError) as e:
+                create.result()
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "no topology" in e.value.details()
+        proxy.thread.join(10)
+        assert proxy.stop() == 1
+        assert fake.calls(runtime_path("CreateContainer")) == 0
+
+
+def test_systemd_is_told_ready_once_the_socket_answers(sockdir):
+    import socket
+
+    import grpc
+
+    from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+    from anolisnuma.testing.proxy import SubprocessProxy, config_dict
+    from cri_proto import api_pb2
+
+    notify_path = f"{sockdir}/notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify, \
+            FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
+        notify.bind(notify_path)
+        notify.settimeout(15)
+        proxy = SubprocessProxy(config_dict(sockdir, fake.socket_path), sockdir, env={"NOTIFY_SOCKET": notify_path})
+        try:
+            proxy.start(wait=False)
+            message = notify.recv(4096).decode()
+            assert "READY=1" in message.split("\n")
+            with grpc.insecure_channel(proxy.address) as channel:  # ready means it answers
+                assert channel.unary_unary(runtime_path("Version"))(
+                    api_pb2.VersionRequest().SerializeToString(), timeout=5)
+            proxy.signal()
+            assert "STOPPING=1" in notify.recv(4096).decode()
+            assert proxy.wait(15) == 0
+        finally:
+            proxy.stop()
+
+
+def test_sighup_reloads_what_may_change_live_and_refuses_a_bad_file(sockdir):
+    import signal
+
+    from anolisnuma.testing.fake_cri import FakeCri
+    from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log, write_config
+
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
+        cfg = config_dict(sockdir, fake.socket_path)
+        proxy = SubprocessProxy(cfg, sockdir).start()
+        log_file = cfg["log"]["file"]
+
+        def reloads():
+            return [line for line in read_log(log_file) if "reload" in line.get("message", "")]
+
+        try:
+            changed = dict(cfg, log=dict(cfg["log"], level="debug"), server=dict(cfg["server"], listen="/run/x.sock",
+                                                                                  buffer_bytes_total=80 << 20))
+            write_config(proxy.config_path, changed)
+            proxy.signal(signal.SIGHUP)
+            _wait(lambda: reloads())
+            done = reloads()[-1]
+            assert done["message"] == "configuration reloaded"
+            assert done["applied"] == ["log.level", "server.buffer_bytes_total"]
+            assert done["needs_restart"] == ["server.listen"]
+            with open(proxy.config_path, "w") as f:
+                f.write("[server\nbroken")
+            proxy.signal(signal.SIGHUP)
+            _wait(lambda: len(reloads()) == 2)
+            assert reloads()[-1]["message"] == "configuration reload refused; the running configuration stays"
+            assert proxy.proc.poll() is None
+        finally:
+            proxy.stop()
+
+
+def test_sigusr1_reopens_the_log_file_after_rotation(sockdir):
+    import signal
+
+    from anolisnuma.testing.fake_cri import FakeCri
+    from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
+
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
+        cfg = config_dict(sockdir, fake.socket_path)
+        proxy = SubprocessProxy(cfg, sockdir).start()
+        log_file = cfg["log"]["file"]
+        try:
+            _wait(lambda: read_log(log_file))
+            os.rename(log_file, log_file + ".1")  # logrotate's rename, then its postrotate
+            proxy.signal(signal.SIGUSR1)
+            _wait(lambda: os.path.exists(log_file))
+            proxy.signal(signal.SIGHUP)  # any line: it must land in the new file
+            _wait(lambda: any("reload" in line.get("message", "") for line in read_log(log_file)))
+        finally:
+            proxy.stop()
+
+
+def _wait(cond, timeout: float = 10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)

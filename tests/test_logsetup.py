@@ -245,18 +245,19 @@ def test_reconfigure_keeps_the_lines_of_the_previous_setup(tmp_path):
 
 
 def test_cli_error_exit_writes_its_lines(sockdir):
-    """The daemon logs why a hook is left out, then cannot listen and exits at once: the
-    line is in the file all the same, and only there."""
+    """The daemon listens, then finds that a hook whose failure policy is ``fail`` cannot
+    start (no NUMA topology here) and exits at once: its lines are in the file all the
+    same, and only there; stderr gets one plain line saying why."""
     from anolisnuma.testing.proxy import config_dict, run_cli, write_config
 
     data = config_dict(sockdir, os.path.join(sockdir, "nobody.sock"),
-                       extra={"numa": {"enabled": True}, "log": {"stderr": False}})  # no NUMA topology here
-    listen = data["server"]["listen"]
-    os.makedirs(os.path.dirname(listen))
-    os.symlink(os.path.join(sockdir, "victim"), listen + ".lock")  # refused: cannot listen
+                       extra={"numa": {"enabled": True}, "hooks": {"numa": {"failure_policy": "fail"}},
+                              "log": {"stderr": False}})
     r = run_cli(["-c", write_config(os.path.join(sockdir, "c.toml"), data)])
     assert r.returncode == 1, r.stderr
-    assert "cannot listen" in r.stderr and "not a regular file" in r.stderr
+    assert r.stderr.startswith("anolisnuma: cannot start: hook numa cannot start")
     assert "{" not in r.stderr  # the JSON lines went to the file only
-    lines = strict_read(data["log"]["file"])
-    assert [(l["message"], l["hook"]) for l in lines] == [("hook cannot start; running without it", "numa")]
+    messages = [l["message"] for l in strict_read(data["log"]["file"])]
+    assert messages[0] == "anolisnuma listening"
+    assert "cannot start: a hook whose failure_policy is fail is unavailable" in messages
+    assert messages[-1] == "anolisnuma stopped"

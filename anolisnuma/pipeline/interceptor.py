@@ -66,16 +66,24 @@ class PipelineCall:
 class Interceptor:
     """Implements the relay's interception interface with hooks, a store and logs."""
 
-    def __init__(self, hooks: List[H.Hook], config: HooksConfig, store: Store,
+    def __init__(self, hooks: Optional[List[H.Hook]], config: HooksConfig, store: Store,
                  executor: Optional[ThreadPoolExecutor] = None, max_message_bytes: int = 16 << 20) -> None:
-        self.hooks = list(hooks)
+        """``hooks=None``: they are still being built (the daemon listens first); until
+        :meth:`set_hooks` or :meth:`hooks_failed`, every intercepted request is held and
+        waits for them, so none passes before its policies exist."""
         self.config = config
         self.store = store
         self.max_message_bytes = max_message_bytes
         self.executor = executor or ThreadPoolExecutor(max_workers=8, thread_name_prefix="hook")
         self.counters = Counters()
-        self._pre = {m: [h for h in self.hooks if h.wants_pre(m)] for m in methods.INTERCEPTED}
-        self._post = {m: [h for h in self.hooks if h.wants_post(m)] for m in methods.INTERCEPTED}
+        self.hooks: List[H.Hook] = []
+        self._pre: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
+        self._post: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
+        self._ready = hooks is not None
+        self._unavailable = ""        # why the hooks will never be ready
+        self._waiting: List["asyncio.Future[None]"] = []
+        if hooks is not None:
+            self.set_hooks(hooks)
         self._pod_locks: Dict[str, asyncio.Lock] = {}
         self._skip_keys = tuple(config.skip_keys)
         self._overrunning: Dict[str, int] = {}
@@ -86,6 +94,35 @@ class Interceptor:
     def set_debug(self, enabled: bool) -> None:
         self._debug = enabled
 
+    def set_config(self, config: HooksConfig) -> None:
+        """New per-hook budgets, failure policies and opt-out keys (a reload)."""
+        self.config = config
+        self._skip_keys = tuple(config.skip_keys)
+
+    def set_hooks(self, hooks: List[H.Hook]) -> None:
+        """The hooks are built: calls waiting for them go on (event loop only)."""
+        self.hooks = list(hooks)
+        self._pre = {m: [h for h in self.hooks if h.wants_pre(m)] for m in methods.INTERCEPTED}
+        self._post = {m: [h for h in self.hooks if h.wants_post(m)] for m in methods.INTERCEPTED}
+        self._ready = True
+        self._wake_waiting()
+
+    def hooks_failed(self, why: str) -> None:
+        """The hooks will never be ready (a fail-policy hook could not start): calls
+        waiting for them are refused UNAVAILABLE, saying why."""
+        self._unavailable = why
+        self._wake_waiting()
+
+    @property
+    def calls_waiting_for_hooks(self) -> int:
+        return len(self._waiting)
+
+    def _wake_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+
     # ---------------------------------------------------------------- relay interface
     def begin(self, path: str) -> Optional[PipelineCall]:
         spec = methods.INTERCEPTED_PATHS.get(path)
@@ -93,12 +130,16 @@ class Interceptor:
             if self._debug:
                 log.debug("pass-through call", method=path)
             return None
-        return PipelineCall(spec, holds_request=bool(self._pre[spec.name]))
+        return PipelineCall(spec, holds_request=not self._ready or bool(self._pre[spec.name]))
 
     def on_request(self, pc: PipelineCall, body: bytes) -> Union[Decision, "asyncio.Future[Decision]"]:
         """Decide what to do with a complete held request: forward it (original or edited)
         or answer it with a status. A request that cannot be read is refused, naming why:
         the policies it must pass cannot be applied to it."""
+        if self._unavailable:
+            return Decision.refuse(grpcwire.STATUS_CODES["UNAVAILABLE"], f"anolisnuma: {self._unavailable}")
+        if not self._ready:
+            return asyncio.ensure_future(self._when_ready(pc, body))
         request, why = self._read(body, pc.spec.request)
         if request is None:
             self.counters.add("requests_unreadable")
@@ -110,6 +151,13 @@ class Interceptor:
         if pc.skip_hooks:
             return Decision.forward(body)
         return asyncio.ensure_future(self._run_pre(pc, self._pre[pc.method], body))
+
+    async def _when_ready(self, pc: PipelineCall, body: bytes) -> Decision:
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append(fut)
+        await fut
+        outcome = self.on_request(pc, body)
+        return outcome if isinstance(outcome, Decision) else await outcome
 
     def on_forwarded(self, pc: PipelineCall, body: bytes) -> None:
         """Record and log a request that no pre-hook needed, after it went out."""

@@ -194,7 +194,8 @@ class InProcessProxy:
         from anolisnuma.daemon import Daemon
 
         self.config = config
-        self.daemon = Daemon(config, hooks=list(hooks or []))
+        # hooks=None: the daemon builds them from the configuration, as it does in production
+        self.daemon = Daemon(config, hooks=None if hooks is None else list(hooks))
         self.configure_logging = configure_logging
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self.thread: Optional[threading.Thread] = None

@@ -49,6 +49,13 @@ class Relay:
         self._refusals = EventSummary(log, "intercepted call refused: relay buffer budget spent")
         self._faults = EventSummary(log, "kubelet connection ended: the relay cannot follow it", level="error")
 
+    def set_budgets(self, per_connection: int, total: int) -> None:
+        """New limits (a reload); what is already buffered stays, new takes see them."""
+        self.budget_per_connection = per_connection
+        self.budget.limit = total
+        for splice in self.splices:
+            splice.budget.limit = per_connection
+
     def protocol(self) -> asyncio.Protocol:
         return _KubeletSide(self)
 
