@@ -36,8 +36,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from anolisnuma import logsetup
     from anolisnuma.daemon import EXIT_START, Daemon
+    from anolisnuma.preflight import check_writable_paths
     from anolisnuma.transport.listener import ListenerError
 
+    try:
+        check_writable_paths(config)
+    except ConfigError as e:
+        print(f"anolisnuma: invalid configuration: {e}", file=sys.stderr)
+        return EXIT_CONFIG
     logsetup.configure(config.log.level, config.log.file, config.log.stderr)
     try:
         try:

@@ -37,6 +37,8 @@ def load_toml(path: str) -> Dict[str, Any]:
         raise ConfigError("", f"cannot read configuration file {path}: {e.strerror}") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("", f"{path} is not valid TOML: {e}") from e
+    except UnicodeDecodeError as e:  # TOML is UTF-8; tomllib lets this one through
+        raise ConfigError("", f"{path} is not UTF-8 text (byte {e.start}): {e.reason}") from e
 
 
 class Table:
@@ -103,6 +105,8 @@ class Table:
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(self.key(name), f"must be a number, not {_tname(value)}")
+        if value != value or value in (float("inf"), float("-inf")):  # nan compares unequal
+            raise ConfigError(self.key(name), f"must be a finite number; got {value}")
         check_range(self.key(name), value, min, max)
         return float(value)
 

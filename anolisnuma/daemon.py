@@ -117,6 +117,10 @@ class Daemon:
         loop.add_signal_handler(signal.SIGUSR1, logsetup.reopen)
         log.info("anolisnuma listening", version=__version__, listen=self.config.server.listen,
                  runtime=self.config.runtime.endpoint, config=self.config.source)
+        if self.config.server.socket_mode & 0o007:
+            log.warning("server.socket_mode lets every local user in: through this socket they reach "
+                        "containerd's root API (0660 keeps it to root and the socket's group)",
+                        socket_mode=oct(self.config.server.socket_mode))
         self.store.load()
         self.store.start()
         try:

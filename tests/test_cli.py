@@ -71,3 +71,47 @@ def test_running_with_a_bad_config_fails_before_listening(tmp_path):
     r = run_cli(["-c", bad_config(tmp_path, "[server]\nlisten = 'relative.sock'\n")])
     assert r.returncode != 0
     assert "server.listen" in r.stderr
+
+
+@pytest.mark.parametrize("text,key", [
+    ("[runtime]\nconnect_timeout_seconds = nan\n", "runtime.connect_timeout_seconds"),
+    ("[server]\nshutdown_grace_seconds = inf\n", "server.shutdown_grace_seconds"),
+])
+def test_numbers_that_are_not_finite_are_refused(tmp_path, text, key):
+    r = run_cli(["--check-config", "-c", bad_config(tmp_path, text)])
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and key in r.stderr
+
+
+def test_a_file_that_is_not_utf8_is_one_clean_line(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b"[log]\nlevel = \"d\xe9bug\"\n")
+    r = run_cli(["--check-config", "-c", str(path)])
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "not UTF-8" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("key", ["log.file", "server.listen", "paths.state_dir"])
+def test_a_path_that_cannot_be_created_is_one_line_naming_its_key(tmp_path, key):
+    from anolisnuma.testing.proxy import config_dict, write_config
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    data = config_dict(str(tmp_path), str(tmp_path / "nobody.sock"))
+    section, name = key.split(".")
+    data[section][name] = str(blocker / "sub" / ("x.log" if name == "file" else "x.sock" if name == "listen" else "d"))
+    r = run_cli(["-c", write_config(str(tmp_path / "c.toml"), data)], timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and key in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_socket_mode_open_to_everyone_is_warned_about(sockdir):
+    from anolisnuma.testing.fake_cri import FakeCri
+    from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
+
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
+        cfg = config_dict(sockdir, fake.socket_path, extra={"server": {"socket_mode": "0666"}})
+        with SubprocessProxy(cfg, sockdir):
+            pass
+        warnings = [line for line in read_log(cfg["log"]["file"]) if line.get("socket_mode") == "0o666"]
+        assert warnings and warnings[0]["level"] == "warning"
