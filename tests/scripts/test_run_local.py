@@ -1,0 +1,61 @@
+"""scripts/run-local.sh: a local run that leaves nothing behind when it is stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from anolisnuma.testing.proxy import REPO_ROOT, wait_for_socket
+
+SCRIPT = os.path.join(REPO_ROOT, "scripts", "run-local.sh")
+PRIVATE = os.path.join(REPO_ROOT, "scripts", "private-containerd")
+
+
+def _processes_mentioning(text: str):
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run-local.sh starts containerd: needs root")
+def test_sigterm_stops_the_proxy_and_the_private_containerd(sockdir, tmp_path):
+    base, run = str(tmp_path / "ctd"), f"{sockdir}/ctd-run"
+    env = dict(os.environ, ANOLISNUMA_LISTEN=f"{sockdir}/local.sock", ANOLISNUMA_RUN_DIR=str(tmp_path / "run"),
+               ANOLISNUMA_BIN_DIR=str(tmp_path / "bin"), ANOLISNUMA_ENDPOINT=f"{sockdir}/nobody.sock",
+               ANOLISNUMA_LOG_FILE=str(tmp_path / "local.log"),
+               ANOLISNUMA_PRIVATE_CONTAINERD_BASE=base, ANOLISNUMA_PRIVATE_CONTAINERD_RUN=run)
+    script = subprocess.Popen(["bash", SCRIPT], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_socket(f"{sockdir}/local.sock", timeout=120, alive=lambda: script.poll() is None)
+        assert os.path.islink(tmp_path / "bin" / "anolisnuma")  # on PATH where asked
+        config = str(tmp_path / "run" / "local.toml")
+        assert _processes_mentioning(config), "the proxy is not running"
+        assert _processes_mentioning(base), "no private containerd was started"
+        script.send_signal(signal.SIGTERM)
+        assert script.wait(timeout=60) == 143
+    finally:
+        if script.poll() is None:
+            script.kill()
+            subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
+    deadline = time.monotonic() + 10
+    while (_processes_mentioning(config) or _processes_mentioning(base)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # processes reaped a moment after the script returned
+    assert not _processes_mentioning(config), "the proxy outlived run-local.sh"
+    assert not _processes_mentioning(base), "the private containerd outlived run-local.sh"
+    assert not os.path.exists(f"{sockdir}/local.sock")
+    assert not os.path.exists("/var/lib/anolisnuma/store.json") or os.path.getmtime(
+        "/var/lib/anolisnuma/store.json") < time.time() - 600  # the host's state dir untouched
