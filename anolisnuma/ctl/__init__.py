@@ -1,0 +1,1 @@
+"""``anolisnuma-ctl``: the operator's command line (subcommands live in this package)."""
