@@ -301,7 +301,8 @@ class Interceptor:
 
     def _read(self, body: bytes, cls: Any) -> Tuple[Any, str]:
         """(the one message of a gRPC body, "") or (None, why it cannot be read)."""
-        messages = grpcwire.split_messages(body)
+        # a view: the message is parsed where it lies, not copied out of the body first
+        messages = grpcwire.split_messages(memoryview(body))
         if not messages or len(messages) != 1:
             return None, "not one length-prefixed gRPC message"
         compressed, data = messages[0]

@@ -46,7 +46,6 @@ class Relay:
         self._tasks: set = set()
         self._unreachable = EventSummary(
             log, "containerd unreachable; kubelet connection closed (calls fail UNAVAILABLE)", 5.0)
-        self._refusals = EventSummary(log, "intercepted call refused: relay buffer budget spent")
         self._faults = EventSummary(log, "kubelet connection ended: the relay cannot follow it", level="error")
 
     def set_budgets(self, per_connection: int, total: int) -> None:
@@ -70,10 +69,9 @@ class Relay:
 
     # ---------------------------------------------------------------- what splices report
     def call_refused(self, splice: Splice, call: Any, message: str) -> None:
+        """Counted here; logged by the pipeline, whose line for the ended call names the
+        pod and carries ``message`` as its reason."""
         self.counters.add("calls_refused_resource_exhausted")
-        method = getattr(call, "method", "?")
-        self._refusals.note(method, method=method, conn=splice.cid, reason=message,
-                            connection_buffered_bytes=splice.budget.used, total_buffered_bytes=self.budget.used)
 
     def connection_failed(self, splice: Splice, code: int, why: str) -> None:
         name = h2.ERROR_NAMES.get(code, str(code))
@@ -121,7 +119,7 @@ class Relay:
         left = sum(1 for s in self.splices if s.busy)
         for s in list(self.splices):
             s.close("proxy shutting down")
-        for summary in (self._unreachable, self._refusals, self._faults):
+        for summary in (self._unreachable, self._faults):
             summary.flush()
         return left
 
