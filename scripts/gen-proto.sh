@@ -8,10 +8,13 @@
 # so the code must come from protoc 31.0, which is what grpcio-tools 1.73.1 bundles
 # (newer grpcio-tools emit e.g. 6.33.5 and would break on protobuf 6.31/6.32).
 #
+# grpcio-tools is a development tool, not a runtime dependency: it is in the `dev` extra
+# (`.venv/bin/pip install -e '.[dev]'`), pinned to that same 1.73.1.
+#
 # The interpreter is $PYTHON if set, else .venv/bin/python, else python3. If its installed
-# grpcio-tools is not $GRPCIO_TOOLS_VERSION (default 1.73.1), that version is installed
-# once (no dependencies; the interpreter's own protobuf is used) into
-# ${XDG_CACHE_HOME:-~/.cache}/anolisnuma/grpcio-tools-<version> and used from there.
+# grpcio-tools is not $GRPCIO_TOOLS_VERSION (default 1.73.1), e.g. without the dev extra,
+# that version is installed once (no dependencies; the interpreter's own protobuf is used)
+# into ${XDG_CACHE_HOME:-~/.cache}/anolisnuma/grpcio-tools-<version> and used from there.
 # GEN_PROTO_USE_INSTALLED=1 skips the pinning and uses whatever grpcio-tools is installed;
 # the gencode-version check below then tells you whether the result is still usable.
 set -eu
