@@ -120,19 +120,21 @@ def settings_frame(settings: List[Tuple[int, int]]) -> bytes:
     return frame(SETTINGS, 0, 0, b"".join(struct.pack(">HL", ident, value) for ident, value in settings))
 
 
-def trailers_only_block(status: int, message: str) -> bytes:
-    """A header block answering a call with only a status (gRPC "Trailers-Only").
+def trailers_only_block(status: int, message: str, response_started: bool = False) -> bytes:
+    """A header block answering a call with only a status (gRPC "Trailers-Only"); or, when
+    the peer's response headers already went out (``response_started``), the trailers that
+    end that response (no pseudo-header may stand in trailers).
 
     It is coded with literal "never indexed" fields referring only to the static table, so
     it neither reads nor changes the peer's dynamic table: it can be put between header
     blocks that containerd's own encoder made without disturbing the kubelet's decoder.
     """
     encoder = hpack.Encoder()
-    headers = [
+    headers = [] if response_started else [
         hpack.NeverIndexedHeaderTuple(":status", "200"),
         hpack.NeverIndexedHeaderTuple("content-type", "application/grpc"),
-        hpack.NeverIndexedHeaderTuple("grpc-status", str(status)),
     ]
+    headers.append(hpack.NeverIndexedHeaderTuple("grpc-status", str(status)))
     if message:
         headers.append(hpack.NeverIndexedHeaderTuple("grpc-message", quote(message, safe=" !#$&'()*+,/:;=?@[]~")))
     return encoder.encode(headers)

@@ -89,7 +89,7 @@ class _Stream:
     """Per-stream state of an intercepted call (pass-through streams carry none)."""
 
     __slots__ = ("sid", "call", "holding", "held", "held_len", "request_done", "copy", "copy_len",
-                 "charged", "up_window", "outbox", "outbox_pos", "sends_own_body", "answered",
+                 "charged", "up_window", "outbox", "outbox_pos", "sends_own_body", "answered", "reply_started",
                  "reply", "reply_len", "reply_overflow", "status", "status_message", "done")
 
     def __init__(self, sid: int, call: Any, holding: bool, up_window: int) -> None:
@@ -107,6 +107,7 @@ class _Stream:
         self.outbox_pos = 0
         self.sends_own_body = holding  # containerd's stream credit is ours, not the kubelet's
         self.answered = False         # we answered the kubelet ourselves
+        self.reply_started = False    # containerd's response headers went to the kubelet
         self.reply: List[bytes] = []
         self.reply_len = 0
         self.reply_overflow = False
@@ -572,7 +573,7 @@ class Splice:
         st.answered = True
         st.status, st.status_message = status, message
         self._inject_down(h2.frame(h2.HEADERS, h2.FLAG_END_HEADERS | h2.FLAG_END_STREAM, st.sid,
-                                   h2.trailers_only_block(status, message)))
+                                   h2.trailers_only_block(status, message, st.reply_started)))
         # containerd may have answered already, its frames crossing our RST_STREAM: the
         # kubelet's stream is over, so they are dropped (see _c2k_frame)
         _remember(self.silenced, st.sid)
@@ -779,6 +780,7 @@ class Splice:
         st = self.streams.get(sid)
         if st is None:
             return
+        st.reply_started = True
         for name, value in headers:
             if name == b"grpc-status":
                 try:
@@ -801,7 +803,8 @@ class Splice:
         if aborted:
             self.interceptor.on_abort(st.call, aborted)
             return
-        reply = None if st.reply_overflow else b"".join(st.reply)
+        # a call we answered ourselves has no reply of containerd's, whatever it began to send
+        reply = b"" if st.answered else None if st.reply_overflow else b"".join(st.reply)
         st.reply = []
         # After the reply's bytes went out: bookkeeping must not delay the kubelet. The
         # kubelet's next call needs a round trip, so it is read after this has run.

@@ -34,9 +34,8 @@ Three properties: a mix of every kind of call; large bodies under every containe
 call completes with its (forwarded or edited) body or is refused RESOURCE_EXHAUSTED naming
 the budget, none hangs and none reaches containerd half-policed.
 
-The fixed examples at the end pin what these properties found in the splice: bugs fixed
-since (regression tests) and one still open (a strict xfail, clearly marked SPLICE BUG;
-the properties keep clear of it until it is fixed: see ``relay_answers``).
+The fixed examples at the end pin what these properties found in the splice, three bugs
+fixed since: they are regression tests now.
 
 Runs are derandomized and use no example database, so CI sees the same examples each time.
 """
@@ -86,10 +85,7 @@ rare = st.sampled_from([False] * 7 + [True])
 
 
 @st.composite
-def call_plans(draw, kinds=KINDS, sizes=message_sizes, max_extra=64 * KIB, early=True, cancel=True,
-               relay_answers=(REFUSE,)):
-    """``relay_answers``: kinds of call the relay may answer itself; containerd answers those
-    early with trailers only (see test_bug_relay_answer_after_containerds_headers)."""
+def call_plans(draw, kinds=KINDS, sizes=message_sizes, max_extra=64 * KIB, early=True, cancel=True):
     kind = draw(st.sampled_from(kinds))
     plan = CallPlan(size=draw(sizes), kind=kind, reply=draw(reply_sizes), start=draw(st.integers(0, 4)))
     if kind in HELD_KINDS and draw(st.booleans()):
@@ -100,10 +96,9 @@ def call_plans(draw, kinds=KINDS, sizes=message_sizes, max_extra=64 * KIB, early
         plan.extra = draw(st.integers(0, max_extra))
     if kind == REFUSE:
         plan.status = draw(st.sampled_from([3, 7, 9, 13]))
-    # containerd answering on the headers can cross a refusal by the relay
+    # containerd answering on the headers can cross a refusal by the relay, even after its
+    # response headers went out (then the relay's answer ends that response: trailers)
     plan.early = early and draw(rare)
-    if plan.early and kind in relay_answers:
-        plan.reply = 0
     if cancel and draw(rare):
         plan.cancel_after = draw(st.integers(0, 6))
     return plan
@@ -310,7 +305,7 @@ MAX_SMALL_EXTRA = 2 * KIB
 large_held = call_plans(kinds=(FORWARD, EDIT, FORWARD, FAIL, COPY, PASS),
                         sizes=st.one_of(st.integers(40 * KIB, 250 * KIB), st.integers(20 * KIB, 250 * KIB),
                                         st.integers(0, 4 * KIB)),
-                        max_extra=MAX_SMALL_EXTRA, relay_answers=KINDS)
+                        max_extra=MAX_SMALL_EXTRA)
 
 
 @settings(max_examples=80, **PROPERTY_SETTINGS)
@@ -407,16 +402,16 @@ def test_a_refusal_names_the_budget_that_is_spent():
     assert f"this connection's relay buffer budget ({SMALL_PER_CONNECTION} bytes)" in message, message
 
 
-# SPLICE BUG (strict xfail: remove the mark once fixed). When containerd has begun to
-# answer a call (its response HEADERS went to the kubelet; its reply DATA waits for the
-# kubelet's window) and the relay then answers the call itself (the policy refuses it once
-# the request is complete, or the budget has no room for more of it), the relay sends its
-# trailers-only block, ":status" and all, as a second header block on the stream: trailers
-# with a pseudo-header, a malformed response (RFC 7540 8.1.2.1) that ``h2`` rejects as a
-# protocol error. The relay's answer should then be trailers without pseudo-headers (or a
-# RST_STREAM), and containerd's remaining frames dropped. Shrunk examples: a pass-through
-# call whose 64 KiB reply fills the kubelet's connection window, and an intercepted call
-# that containerd answers on the headers with a reply message and UNIMPLEMENTED.
+# Fixed (was a strict xfail): when containerd has begun to answer a call (its response
+# HEADERS went to the kubelet; its reply DATA waits for the kubelet's window) and the relay
+# then answers the call itself (the policy refuses it once the request is complete, or the
+# budget has no room for more of it), the relay sends its trailers-only block, ":status" and
+# all, as a second header block on the stream: trailers with a pseudo-header, a malformed
+# response (RFC 7540 8.1.2.1) that ``h2`` rejects as a protocol error. The relay's answer is
+# now trailers without pseudo-headers, and containerd's remaining frames are dropped. Shrunk
+# examples: a pass-through call whose 64 KiB reply fills the kubelet's connection window,
+# and an intercepted call that containerd answers on the headers with a reply message and
+# UNIMPLEMENTED.
 ANSWERS_AFTER_CONTAINERDS_HEADERS = [
     pytest.param(Scenario(plans=[CallPlan(0, PASS, reply=65532),
                                  CallPlan(0, REFUSE, reply=64 * KIB, early=True, later=True, delay=2)],
@@ -427,9 +422,7 @@ ANSWERS_AFTER_CONTAINERDS_HEADERS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, raises=HarnessError,
-                   reason="SPLICE BUG: the relay's trailers-only answer follows containerd's response headers")
 @pytest.mark.parametrize("sc", ANSWERS_AFTER_CONTAINERDS_HEADERS)
-def test_bug_relay_answer_after_containerds_headers(sc: Scenario):
+def test_relay_answer_after_containerds_headers_is_trailers(sc: Scenario):
     ex = run(sc, check=budget_check(sc.budget_per_connection))
     check_outcome(ex, budget_refusals=True)
