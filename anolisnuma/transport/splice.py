@@ -508,12 +508,15 @@ class Splice:
             outcome.add_done_callback(lambda fut, st=st, body=body: self._decided(st, fut, body))
 
     def _decided(self, st: _Stream, fut: "asyncio.Future[Decision]", body: bytes) -> None:
+        try:  # read even when the call is over, so that no failure goes unreported
+            decision: Optional[Decision] = fut.result()
+            error: Optional[BaseException] = None
+        except BaseException as e:
+            decision, error = None, e
         if self.closed or st.done or not st.holding:
             return
-        try:
-            decision = fut.result()
-        except BaseException as e:  # the pipeline never fails a call by accident
-            log.error("interception failed; forwarding the request unchanged", error=repr(e))
+        if decision is None:  # the pipeline never fails a call by accident
+            log.error("interception failed; forwarding the request unchanged", error=repr(error))
             decision = Decision.forward(body)
         self._apply_decision(st, decision, body)
         self._flush()
