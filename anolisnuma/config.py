@@ -3,13 +3,15 @@
 The keys of ``[server] [runtime] [log] [paths]`` are the product's contract (design.md §7).
 ``[qos]`` and ``[numa]`` belong to their policy packages, which parse them from a
 :class:`~anolisnuma.configfile.Table` themselves; ``[hooks.<name>]`` sets each hook's time
-budget and failure policy.
+budget and failure policy; ``[admin]`` and ``[metrics]`` are the daemon's inspection
+surfaces (``anolisnuma/admin``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from anolisnuma.configfile import ConfigError, Table, load_toml
 
@@ -136,6 +138,75 @@ class PathsConfig:
         return cfg
 
 
+@dataclass
+class AdminConfig:
+    """The admin socket ``anolisnuma-ctl`` talks to (root only, mode 0600); "" = none."""
+
+    socket: str = "/var/run/anolisnuma/admin.sock"
+
+    @classmethod
+    def from_table(cls, t: Table) -> "AdminConfig":
+        value = t.str("socket", cls.socket)
+        cfg = cls(socket=_socket_path(t, "socket", cls.socket) if value else "")
+        t.finish()
+        return cfg
+
+
+@dataclass
+class MetricsConfig:
+    """Prometheus text over HTTP on ``listen`` ("host:port"; "" = off). Only loopback
+    addresses unless ``allow_remote``: the page names every pod's method counts and the
+    node's NUMA load, which is nobody else's business by default."""
+
+    listen: str = ""
+    allow_remote: bool = False
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        """``(host, port)`` of :attr:`listen` (only meaningful when it is set)."""
+        return split_host_port(self.listen)
+
+    @classmethod
+    def from_table(cls, t: Table) -> "MetricsConfig":
+        listen = t.str("listen", cls.listen).strip()
+        allow_remote = t.bool("allow_remote", cls.allow_remote)
+        if listen:
+            try:
+                host, _ = split_host_port(listen)
+            except ValueError as e:
+                raise ConfigError(t.key("listen"), str(e)) from None
+            if not allow_remote and not is_loopback(host):
+                raise ConfigError(t.key("listen"), f"{host} is not a loopback address; metrics stay on this "
+                                                   f"node unless metrics.allow_remote = true")
+        cfg = cls(listen=listen, allow_remote=allow_remote)
+        t.finish()
+        return cfg
+
+
+def split_host_port(text: str) -> Tuple[str, int]:
+    """``"127.0.0.1:9464"``, ``"[::1]:9464"`` or ``"localhost:9464"`` -> (host, port);
+    ValueError saying what is wrong. The host must be an IP address or ``localhost`` (a
+    name would be resolved, and could change, behind the operator's back); port 0 picks
+    a free port (tests)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"must be \"host:port\", e.g. \"127.0.0.1:9464\"; got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"host must be an IP address or localhost; got {host!r}") from None
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"port must be a number in 0..65535; got {port!r}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
 # The hooks the daemon can build (anolisnuma.daemon.build_hooks), by name.
 HOOK_NAMES = ("numa", "qos")
 
@@ -190,6 +261,8 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     qos: Any = None    # anolisnuma.policies.qos.config.QosConfig
     numa: Any = None   # anolisnuma.policies.numa.config.NumaConfig
     source: Optional[str] = None
@@ -206,6 +279,8 @@ class Config:
             log=LogConfig.from_table(root.table("log")),
             paths=PathsConfig.from_table(root.table("paths")),
             hooks=HooksConfig.from_table(root.table("hooks")),
+            admin=AdminConfig.from_table(root.table("admin")),
+            metrics=MetricsConfig.from_table(root.table("metrics")),
             qos=QosConfig.from_table(root.table("qos")),
             numa=NumaConfig.from_table(root.table("numa")),
             source=source,
@@ -213,6 +288,9 @@ class Config:
         root.finish()
         if cfg.server.listen == cfg.runtime.endpoint:
             raise ConfigError("server.listen", "must differ from runtime.endpoint")
+        if cfg.admin.socket in (cfg.server.listen, cfg.runtime.endpoint):
+            raise ConfigError("admin.socket", "must differ from server.listen and runtime.endpoint "
+                                              "(the admin socket is anolisnuma's own, root only)")
         return cfg
 
     @classmethod

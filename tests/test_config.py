@@ -243,3 +243,79 @@ def test_bad_buffer_budgets_are_refused_naming_the_key(values, key):
     with pytest.raises(ConfigError) as e:
         section(ServerConfig, values, "server")
     assert e.value.key == key
+
+
+# ---------------------------------------------------------------- [admin] [metrics]
+
+def test_admin_and_metrics_defaults():
+    from anolisnuma.config import AdminConfig, MetricsConfig
+
+    assert section(AdminConfig, {}, "admin").socket == "/var/run/anolisnuma/admin.sock"
+    assert section(AdminConfig, {"socket": ""}, "admin").socket == ""          # off
+    assert section(AdminConfig, {"socket": "unix:///run/a/admin.sock"}, "admin").socket == "/run/a/admin.sock"
+    m = section(MetricsConfig, {}, "metrics")
+    assert (m.listen, m.allow_remote) == ("", False)                          # off by default
+
+
+@pytest.mark.parametrize("listen,address", [
+    ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+    ("[::1]:9464", ("::1", 9464)),
+    ("localhost:0", ("localhost", 0)),
+    ("127.1.2.3:80", ("127.1.2.3", 80)),
+])
+def test_metrics_listen_on_loopback_addresses(listen, address):
+    from anolisnuma.config import MetricsConfig
+
+    assert section(MetricsConfig, {"listen": listen}, "metrics").address == address
+
+
+def test_metrics_beyond_the_node_only_when_allowed():
+    from anolisnuma.config import MetricsConfig
+
+    e = error_of(MetricsConfig, {"listen": "0.0.0.0:9464"}, "metrics")
+    assert e.key == "metrics.listen" and "not a loopback address" in str(e) and "metrics.allow_remote" in str(e)
+    m = section(MetricsConfig, {"listen": "0.0.0.0:9464", "allow_remote": True}, "metrics")
+    assert m.address == ("0.0.0.0", 9464)
+
+
+@pytest.mark.parametrize("cls_name,values,key", [
+    ("AdminConfig", {"socket": "admin.sock"}, "admin.socket"),
+    ("AdminConfig", {"socket": 5}, "admin.socket"),
+    ("AdminConfig", {"sockett": "/run/a.sock"}, "admin.sockett"),
+    ("MetricsConfig", {"listen": "9464"}, "metrics.listen"),
+    ("MetricsConfig", {"listen": "metrics.example.com:9464"}, "metrics.listen"),
+    ("MetricsConfig", {"listen": "127.0.0.1:99999"}, "metrics.listen"),
+    ("MetricsConfig", {"listen": "127.0.0.1:port"}, "metrics.listen"),
+    ("MetricsConfig", {"listen": 9464}, "metrics.listen"),
+    ("MetricsConfig", {"allow_remote": "yes"}, "metrics.allow_remote"),
+    ("MetricsConfig", {"port": 9464}, "metrics.port"),
+])
+def test_admin_and_metrics_errors_name_the_key(cls_name, values, key):
+    import anolisnuma.config as C
+
+    e = error_of(getattr(C, cls_name), values, key.split(".")[0])
+    assert e.key == key
+    assert key in str(e)
+
+
+@pytest.mark.parametrize("admin", ["/run/a.sock", "/run/containerd/containerd.sock"])
+def test_the_admin_socket_is_never_the_cri_socket(tmp_path, admin):
+    path = write_config(str(tmp_path / "c.toml"), {"server": {"listen": "/run/a.sock"}, "admin": {"socket": admin}})
+    with pytest.raises(ConfigError) as e:
+        Config.load(path)
+    assert e.value.key == "admin.socket"
+
+
+@pytest.mark.parametrize("text,key", [
+    ("[admin]\nsocket = 'relative.sock'\n", "admin.socket"),
+    ("[metrics]\nlisten = '0.0.0.0:9464'\n", "metrics.listen"),
+])
+def test_bad_admin_and_metrics_values_exit_2_naming_the_key(tmp_path, text, key):
+    from anolisnuma.testing.proxy import run_cli
+
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    r = run_cli(["-c", str(path), "--check-config"])
+    assert r.returncode == 2
+    assert r.stderr.startswith("anolisnuma: invalid configuration: " + key)
+    assert r.stderr.count("\n") == 1

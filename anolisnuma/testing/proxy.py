@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from anolisnuma.config import (Config, HookSettings, HooksConfig, LogConfig, PathsConfig, RuntimeConfig,
-                               ServerConfig)
+from anolisnuma.config import (AdminConfig, Config, HookSettings, HooksConfig, LogConfig, MetricsConfig,
+                               PathsConfig, RuntimeConfig, ServerConfig)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -60,7 +60,8 @@ def config_dict(base: str, backend: str, *, listen: Optional[str] = None, level:
                 grace: float = 5.0, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """A TOML-ready configuration: everything under ``base``, runtime at ``backend``.
 
-    ``[qos]``/``[numa]`` get ``enabled = false`` when their parser modules exist. ``extra``
+    ``[qos]``/``[numa]`` get ``enabled = false`` when their parser modules exist; there is
+    no admin socket (``{"admin": {"socket": PATH}}`` in ``extra`` makes one). ``extra``
     is merged one level deep (``{"server": {"socket_mode": "0600"}}``)."""
     base = str(base)
     data: Dict[str, Any] = {
@@ -69,6 +70,7 @@ def config_dict(base: str, backend: str, *, listen: Optional[str] = None, level:
         "runtime": {"endpoint": str(backend), "connect_timeout_seconds": 1.0},
         "log": {"file": os.path.join(base, "log", "anolisnuma.log"), "level": level, "stderr": True},
         "paths": _paths(base),
+        "admin": {"socket": ""},
     }
     for name, present in policy_sections_available().items():
         if present:
@@ -83,8 +85,10 @@ def config_dict(base: str, backend: str, *, listen: Optional[str] = None, level:
 
 def make_config(base: str, backend: str, *, listen: Optional[str] = None, level: str = "info",
                 grace: float = 5.0, socket_mode: int = 0o660, hooks: Optional[Dict[str, HookSettings]] = None,
-                default_hook: Optional[HookSettings] = None, connect_timeout: float = 1.0) -> Config:
-    """A :class:`Config` built directly (no TOML, no policy sections: QoS/NUMA off)."""
+                default_hook: Optional[HookSettings] = None, connect_timeout: float = 1.0,
+                admin_socket: str = "", metrics_listen: str = "") -> Config:
+    """A :class:`Config` built directly (no TOML, no policy sections: QoS/NUMA off; no admin
+    socket nor metrics endpoint unless given)."""
     base = str(base)
     hooks_cfg = HooksConfig(default=default_hook or HookSettings(), per_hook=dict(hooks or {}))
     return Config(
@@ -94,6 +98,8 @@ def make_config(base: str, backend: str, *, listen: Optional[str] = None, level:
         log=LogConfig(file=os.path.join(base, "log", "anolisnuma.log"), level=level, stderr=False),
         paths=PathsConfig(**_paths(base)),
         hooks=hooks_cfg,
+        admin=AdminConfig(socket=admin_socket),
+        metrics=MetricsConfig(listen=metrics_listen),
         source=None,
     )
 
