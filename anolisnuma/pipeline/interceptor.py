@@ -23,7 +23,8 @@ from anolisnuma.logsummary import EventSummary
 from anolisnuma.pipeline import hooks as H
 from anolisnuma.pipeline.decision import Decision
 from anolisnuma.pipeline.context import container_from_create, describe, pod_from_sandbox_config, resources_of
-from anolisnuma.pipeline.metrics import Counters
+from anolisnuma.pipeline.journal import JournalEntry, PodJournal
+from anolisnuma.pipeline.metrics import Counters, LatencyStats
 from anolisnuma.state.store import Store
 
 log = structlog.get_logger("anolisnuma.pipeline")
@@ -48,7 +49,7 @@ class PipelineCall:
     through and :meth:`Interceptor.on_forwarded` only records it.
     """
 
-    __slots__ = ("spec", "started", "call", "skip_hooks", "log", "holds_request")
+    __slots__ = ("spec", "started", "call", "skip_hooks", "log", "holds_request", "failures", "entry")
 
     def __init__(self, spec: methods.MethodSpec, holds_request: bool = True) -> None:
         self.spec = spec
@@ -57,6 +58,8 @@ class PipelineCall:
         self.skip_hooks = False
         self.log = log
         self.holds_request = holds_request
+        self.failures: List[str] = []            # "<hook> <stage>: <error>", for the journal
+        self.entry: Optional[JournalEntry] = None
 
     @property
     def method(self) -> str:
@@ -76,6 +79,10 @@ class Interceptor:
         self.max_message_bytes = max_message_bytes
         self.executor = executor or ThreadPoolExecutor(max_workers=8, thread_name_prefix="hook")
         self.counters = Counters()
+        # read at scrape time by the metrics endpoint, and by `anolisnuma-ctl explain`
+        self.call_stats = LatencyStats()    # (method, gRPC code name)
+        self.hook_stats = LatencyStats()    # (hook, stage, "ok" | "failed")
+        self.journal = PodJournal()
         self.hooks: List[H.Hook] = []
         self._pre: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
         self._post: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
@@ -176,8 +183,10 @@ class Interceptor:
 
     def on_reply(self, pc: PipelineCall, body: Optional[bytes], status: int, message: str,
                  answered_by_proxy: bool = False) -> None:
-        latency_ms = round((time.perf_counter() - pc.started) * 1000, 3)
+        seconds = time.perf_counter() - pc.started
+        latency_ms = round(seconds * 1000, 3)
         status_name = grpcwire.STATUS_NAMES.get(status, str(status))
+        self.call_stats.observe((pc.method, status_name), seconds)
         source = "anolisnuma" if answered_by_proxy else "containerd"
         call = pc.call
         reply = None
@@ -194,6 +203,8 @@ class Interceptor:
         else:
             logger.warning(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
                            error=message[:512], latency_ms=latency_ms, decisions=notes)
+        if call is not None:
+            self._journal(pc, call, status_name, latency_ms, source)
         if call is None or reply is None or pc.skip_hooks:
             return
         post = self._post[pc.method]
@@ -202,7 +213,19 @@ class Interceptor:
         else:
             self._forget_pod_lock(call)
 
+    def _journal(self, pc: PipelineCall, call: H.Call, status_name: str, latency_ms: float, source: str) -> None:
+        uid = call.pod.uid if call.pod is not None else ""
+        if not uid:
+            return
+        pc.entry = JournalEntry(pc.method, status_name, latency_ms, _container_of(call), dict(call.notes),
+                                list(pc.failures), source)
+        self.journal.record(uid, pc.entry)
+        if pc.method == H.REMOVE_POD_SANDBOX and status_name == "OK" and \
+                not any(p.uid == uid for p in self.store.pods()):
+            self.journal.forget(uid)   # its last sandbox is gone (a restarted pod keeps its journal)
+
     def on_abort(self, pc: PipelineCall, why: str) -> None:
+        self.call_stats.observe((pc.method, "NO_REPLY"), time.perf_counter() - pc.started)
         ids = describe(pc.call) if pc.call is not None else {"method": pc.method}
         self.aborts.note((pc.method, why), reason=why,
                          latency_ms=round((time.perf_counter() - pc.started) * 1000, 3), **ids)
@@ -236,6 +259,8 @@ class Interceptor:
         async with self._lock_for(call):
             for hook in hooks:
                 await self._run_hook(pc, hook, "post", call)
+        if pc.entry is not None:
+            self.journal.amend(pc.entry, call.notes, pc.failures)
         self._forget_pod_lock(call)
 
     def _forget_pod_lock(self, call: H.Call) -> None:
@@ -270,10 +295,13 @@ class Interceptor:
                 fut.add_done_callback(lambda _f, name=hook.name: self._overran(name))
             except Exception as e:  # a hook must never take the proxy down
                 error = e
+        self.hook_stats.observe((hook.name, stage, "ok" if error is None else "failed"),
+                                time.perf_counter() - started)
         if error is None:
             self.counters.add(f"hook_{hook.name}_{stage}_ok")
             return None
         self.counters.add(f"hook_{hook.name}_{stage}_failed")
+        pc.failures.append(f"{hook.name} {stage}: {str(error) or repr(error)}"[:512])
         policy = self.config.settings(hook.name).failure_policy
         pc.log.warning("hook failed", hook=hook.name, stage=stage, error=str(error) or repr(error),
                        policy=policy if stage == "pre" else "ignore (post-hook)",
@@ -365,6 +393,15 @@ def _lock_key(call: H.Call) -> str:
     if call.container is not None:
         return call.container.sandbox_id
     return ""
+
+
+def _container_of(call: H.Call) -> str:
+    """The container a call concerns, for the journal: its name when known, else its ID."""
+    if call.container is not None:
+        return call.container.name
+    if call.method == H.CREATE_CONTAINER:
+        return call.request.config.metadata.name
+    return getattr(call.request, "container_id", "")
 
 
 def _reply_ids(call: Optional[H.Call]) -> Dict[str, str]:

@@ -23,6 +23,9 @@ class CpusetRepinner:
         self.interval = interval_seconds
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self.runs = 0       # passes made; placements applied and refused, summed (metrics)
+        self.applied_total = 0
+        self.failed_total = 0
 
     def run_once(self) -> int:
         """Apply every pending placement; returns how many were applied."""
@@ -34,6 +37,7 @@ class CpusetRepinner:
             try:
                 self.client.update_container_resources(container_id, res)
             except Exception as e:  # gone, or containerd down: try again next round
+                self.failed_total += 1
                 log.warning("cannot apply NUMA placement", container_id=container_id, cpus=cpus,
                             mems=mems, error=str(e).splitlines()[0][:300] if str(e) else repr(e))
                 continue
@@ -41,6 +45,8 @@ class CpusetRepinner:
             applied += 1
             log.info("NUMA placement applied to a running container", container_id=container_id,
                      cpus=cpus, mems=mems)
+        self.runs += 1
+        self.applied_total += applied
         return applied
 
     def start(self) -> None:

@@ -75,6 +75,7 @@ class ManagedPod:
     targets: List[FileTarget]
     container_settings: Tuple[KnobSetting, ...]
     llc_group: Optional[str] = None           # resctrl group its threads go to
+    why: str = ""                             # the annotation, label or class behind the level
     sandbox_ids: Set[str] = field(default_factory=set)
     containers: Dict[str, ManagedContainer] = field(default_factory=dict)
     applied: bool = False
@@ -457,6 +458,8 @@ class QosReconciler:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.last: Optional[ReconcileCounts] = None
+        self.runs = 0                      # passes made, and their counts summed (metrics)
+        self.total = ReconcileCounts()
 
     def run_once(self) -> ReconcileCounts:
         counts = ReconcileCounts()
@@ -492,7 +495,16 @@ class QosReconciler:
                 moved, _ = a.sweep_tasks(pod, ctr, members)
                 counts.tasks_moved += moved
         self.last = counts
+        self._add_to_total(counts)
         return counts
+
+    def _add_to_total(self, counts: ReconcileCounts) -> None:
+        t = self.total
+        self.total = ReconcileCounts(
+            pods=counts.pods, checked=t.checked + counts.checked, rewritten=t.rewritten + counts.rewritten,
+            tasks_moved=t.tasks_moved + counts.tasks_moved, forgotten=t.forgotten + counts.forgotten,
+            errors=t.errors + counts.errors)
+        self.runs += 1
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
