@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Dict, Hashable, Optional
 
 # Distinct keys tracked in one interval; the events of any further key are counted
@@ -127,3 +128,35 @@ def _key_text(key: Hashable) -> str:
     if isinstance(key, tuple):
         return "/".join(str(k) for k in key)
     return str(key)
+
+
+class FirstTime:
+    """Which keys were seen already: a per-pod condition (a pod outside ``kubepods``, a bad
+    annotation) is logged at warning the first time and at debug on every later call of the
+    same pod. Bounded: past ``max_keys`` the least recently seen key is forgotten (and
+    would be warned about once more). Thread-safe (hooks run in worker threads)::
+
+        level = log.warning if seen.first((uid, "cgroup_parent")) else log.debug
+    """
+
+    def __init__(self, max_keys: int = 4096) -> None:
+        self.max_keys = max_keys
+        self._lock = threading.Lock()
+        self._seen: "OrderedDict[Hashable, None]" = OrderedDict()
+
+    def first(self, key: Hashable) -> bool:
+        """True the first time ``key`` is asked about (until forgotten)."""
+        with self._lock:
+            if key in self._seen:
+                self._seen.move_to_end(key)
+                return False
+            self._seen[key] = None
+            if len(self._seen) > self.max_keys:
+                self._seen.popitem(last=False)
+            return True
+
+    def forget(self, owner: Hashable) -> None:
+        """Forget every key ``(owner, ...)`` (the pod is gone)."""
+        with self._lock:
+            for key in [k for k in self._seen if isinstance(k, tuple) and k and k[0] == owner]:
+                del self._seen[key]

@@ -186,3 +186,29 @@ def test_interceptor_summarises_aborted_calls(clock):
     assert isinstance(first["latency_ms"], float)
     assert (other["method"], other["reason"]) == ("StartContainer", "connection closed")
     assert summary_line["counts"] == {"CreateContainer/stream reset by the client": 9999}
+
+
+# ---------------------------------------------------------------- FirstTime
+
+def test_first_time_is_true_once_per_key_until_its_owner_is_forgotten():
+    from anolisnuma.logsummary import FirstTime
+
+    seen = FirstTime()
+    assert seen.first(("pod-a", "cgroup_parent")) is True
+    assert [seen.first(("pod-a", "cgroup_parent")) for _ in range(5)] == [False] * 5
+    assert seen.first(("pod-a", "annotation")) is True      # another condition of the same pod
+    assert seen.first(("pod-b", "cgroup_parent")) is True
+    seen.forget("pod-a")
+    assert seen.first(("pod-a", "cgroup_parent")) is True
+    assert seen.first(("pod-b", "cgroup_parent")) is False
+
+
+def test_first_time_stays_bounded():
+    from anolisnuma.logsummary import FirstTime
+
+    seen = FirstTime(max_keys=3)
+    for i in range(10):
+        assert seen.first((f"pod-{i}", "x"))
+    assert len(seen._seen) == 3
+    assert not seen.first(("pod-9", "x"))        # the most recent are kept
+    assert seen.first(("pod-0", "x"))            # the oldest went first

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import structlog
 
 from anolisnuma.config import PathsConfig
+from anolisnuma.logsummary import FirstTime
 from anolisnuma.pipeline.hooks import (
     CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX, RUN_POD_SANDBOX, START_CONTAINER,
     STOP_POD_SANDBOX, Call, Hook, HookRefused,
@@ -88,6 +89,8 @@ class QosHook(Hook):
         self.sysctls = Sysctls(paths.proc_root)
         self.resctrl_fs = ResctrlFs(paths.resctrl_root, paths.proc_root)
         self.state = QosState()
+        # A pod we cannot place is seen again at each of its calls: warned about once.
+        self._warned = FirstTime()
         self.support: KnobSupport = KnobSupport({}, {})
         self.plans: Dict[QosLevel, LevelPlan] = {}
         self._prepare_lock = threading.Lock()
@@ -184,16 +187,17 @@ class QosHook(Hook):
             try:
                 cgroup = parse_cgroup_parent(cgroup_parent)
             except InvalidCgroupPath as e:
-                self.log.warning("qos skipped: cgroup_parent not recognized", pod=ref, error=str(e))
+                self._once(uid or ref, "cgroup_parent")("qos skipped: cgroup_parent not recognized",
+                                                        pod=ref, error=str(e))
                 return None
         elif uid:
             cgroup = self.cgroups.locate_pod(uid)
         if cgroup is None:
-            self.log.warning("qos skipped: no pod cgroup known", pod=ref, uid=preview(uid))
+            self._once(uid or ref, "no cgroup")("qos skipped: no pod cgroup known", pod=ref, uid=preview(uid))
             return None
         decision = resolve_level(annotations, labels, cgroup.kube_class, self.cfg.kube_class_mapping)
         for w in decision.warnings:
-            self.log.warning("ignored pod annotation/label: " + w, pod=ref)
+            self._once(uid or ref, w)("ignored pod annotation/label: " + w, pod=ref)
         plan = self.plans[decision.level]
         llc_group = None
         if self.applier.resctrl is not None:
@@ -205,7 +209,7 @@ class QosHook(Hook):
                 self.log.warning("resctrl group unavailable; pod threads stay where they are",
                                  pod=ref, llc_class=cls)
                 llc_group = None
-        pod = ManagedPod(uid=cgroup.uid, ref=ref, level=decision.level, source=decision.source,
+        pod = ManagedPod(uid=cgroup.uid, ref=ref, level=decision.level, source=decision.source, why=decision.why,
                          cgroup=cgroup, targets=self.applier.pod_targets(cgroup, plan.pod),
                          container_settings=plan.container, llc_group=llc_group,
                          sandbox_ids={sandbox_id} if sandbox_id else set())
@@ -215,6 +219,10 @@ class QosHook(Hook):
         self.applier.log_sched_core_skips(pod.targets, ref)
         self.state.put(pod)
         return self.state.by_uid(pod.uid)
+
+    def _once(self, pod: str, condition: str) -> Any:
+        """The log method for a per-pod condition: warning the first time, then debug."""
+        return self.log.warning if self._warned.first((pod, condition)) else self.log.debug
 
     def _admit_config(self, config: Any, sandbox_id: str = "") -> Optional[ManagedPod]:
         """Admit from a ``PodSandboxConfig`` message."""
@@ -271,6 +279,8 @@ class QosHook(Hook):
             pod = self.state.forget_sandbox(call.request.pod_sandbox_id)
             if pod is not None:
                 self.log.info("pod forgotten", pod=pod.ref, method=m)
+            if m == REMOVE_POD_SANDBOX and call.pod is not None:
+                self._warned.forget(call.pod.uid or call.pod.ref)
 
     # ------------------------------------------------------------------ pods
     def _pre_run_pod(self, call: Call) -> None:

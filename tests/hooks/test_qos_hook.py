@@ -315,6 +315,31 @@ def test_unknown_cgroup_parent_is_skipped_without_error(node):
     assert len(hook.state) == 0
 
 
+def test_a_pod_outside_kubepods_is_warned_about_once_then_at_debug(node):
+    """Every call of such a pod admits it again; the condition is the pod's, not the call's."""
+    hook = QosHook(config(), node.paths)
+    cfg = pb.PodSandboxConfig()
+    cfg.metadata.uid, cfg.metadata.name, cfg.metadata.namespace = str(uuid.uuid4()), "outside", "default"
+    cfg.linux.cgroup_parent = "/system.slice/outside.scope"
+    sandbox_id = uuid.uuid4().hex * 2
+    with capture_logs() as logs:
+        for _ in range(3):
+            hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg)))
+            hook.post(Call("CreateContainer", pb.CreateContainerRequest(pod_sandbox_id=sandbox_id, sandbox_config=cfg),
+                           reply=pb.CreateContainerResponse(container_id=uuid.uuid4().hex * 2)))
+    levels = [e["log_level"] for e in logs if e["event"] == "qos skipped: cgroup_parent not recognized"]
+    # (debug lines reach capture_logs only when no earlier test configured logging at info)
+    assert levels[0] == "warning" and set(levels[1:]) <= {"debug"} and len(levels) in (1, 6)
+    # once the pod is removed, a pod of that UID is new again
+    pod = PodRecord(sandbox_id=sandbox_id, uid=cfg.metadata.uid, name="outside", namespace="default",
+                    cgroup_parent=cfg.linux.cgroup_parent)
+    hook.post(Call("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), pod=pod,
+                   reply=pb.RemovePodSandboxResponse()))
+    with capture_logs() as logs:
+        hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg)))
+    assert [e["log_level"] for e in logs if "cgroup_parent not recognized" in e["event"]] == ["warning"]
+
+
 # ------------------------------------------------------------------ hostile input
 
 HOSTILE = ["../../../etc/passwd", "/BE", "BE\x00", "x" * 10240, "B\udcffE", "..", "low/../../x",
