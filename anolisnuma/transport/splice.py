@@ -514,6 +514,8 @@ class Splice:
         except BaseException as e:
             decision, error = None, e
         if self.closed or st.done or not st.holding:
+            if error is not None:
+                log.error("interception failed after the call had ended", error=repr(error))
             return
         if decision is None:  # the pipeline never fails a call by accident
             log.error("interception failed; forwarding the request unchanged", error=repr(error))
