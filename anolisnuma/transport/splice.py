@@ -401,6 +401,9 @@ class Splice:
                                         + [(h2.SETTINGS_HEADER_TABLE_SIZE, 0)])
             self._send_up(raw, ordered=False)
             return
+        if ftype == h2.RST_STREAM and sid in self.refused:
+            del self.refused[sid]  # containerd had its RST_STREAM from us when we refused
+            return
         self._send_up(raw)
         if ftype in (h2.HEADERS, h2.CONTINUATION):
             headers = self._header_fragment(self.k2c, self.k2c_hpack, ftype, flags, sid, payload)
@@ -408,7 +411,6 @@ class Splice:
                 self._request_headers(self.k2c.header_sid, headers, self.k2c.header_end_stream)
         elif ftype == h2.RST_STREAM:
             self.open_streams.discard(sid)
-            self.refused.pop(sid, None)
             st = self.streams.get(sid)
             if st is not None:
                 self._finish(st, aborted="cancelled by the kubelet")
