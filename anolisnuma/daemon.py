@@ -16,6 +16,7 @@ import structlog
 
 from anolisnuma import __version__, logsetup
 from anolisnuma import reload as reload_plan
+from anolisnuma.admin.surface import AdminSurface
 from anolisnuma.config import Config
 from anolisnuma.configfile import ConfigError
 from anolisnuma.cri.client import CriClient
@@ -94,6 +95,7 @@ class Daemon:
                            budget_per_connection=config.server.buffer_bytes_per_connection,
                            budget_total=config.server.buffer_bytes_total)
         self.listener = UnixListener(config.server.listen, config.server.socket_mode)
+        self.admin = AdminSurface(self)   # admin socket and metrics endpoint (anolisnuma/admin)
         self._stop: Optional[asyncio.Event] = None
         self._resync_task: Optional[asyncio.Task] = None
         self._background: List[object] = []
@@ -124,6 +126,7 @@ class Daemon:
         self.store.load()
         self.store.start()
         try:
+            await self.admin.start()
             if await self._start_hooks():
                 self._resync_task = asyncio.ensure_future(self._resync_until_done())
                 self.ready = True
@@ -220,6 +223,7 @@ class Daemon:
     async def _shutdown(self, server: asyncio.AbstractServer) -> None:
         grace = self.config.server.shutdown_grace_seconds
         log.info("shutting down: no new connections, waiting for calls in flight", grace_seconds=grace)
+        await self.admin.close()
         server.close()
         self.listener.close()
         left = await self.relay.drain(grace)

@@ -1,0 +1,275 @@
+"""Prometheus metrics: the daemon's counters, read when scraped, served over HTTP.
+
+:class:`DaemonCollector` turns what the daemon counts anyway (the interceptor's counters
+and latency histograms, the relay's counters and buffer budget, the NUMA ledger, the
+reconcilers' totals) into metric families at scrape time: a CRI call pays nothing for
+metrics beyond those counters, scraped or not. :class:`MetricsServer` serves them on
+``[metrics] listen`` from a thread of its own, never the event loop.
+
+Families (all prefixed ``anolisnuma_``):
+
+========================================  ==============================================
+``intercepted_calls_total``               method, code (gRPC status name, or NO_REPLY
+``intercepted_call_duration_seconds``     when the call ended without one)
+``hook_calls_total``                      hook, stage (pre/post), outcome (ok/failed)
+``hook_duration_seconds``                 hook, stage, outcome
+``pipeline_events_total``                 event (requests_unreadable, calls_refused)
+``calls_waiting_for_hooks``, ``ready``,
+``uptime_seconds``, ``build_info``
+``relay_connections``                     kubelet connections being relayed
+``relay_buffer_bytes``,                   bytes the relay holds now, the most it ever
+``relay_buffer_peak_bytes``,              held, and its daemon-wide and per-connection
+``relay_buffer_limit_bytes``,             budgets
+``relay_buffer_connection_limit_bytes``
+``relay_refused_calls_total``             intercepted calls refused: buffer budget spent
+``relay_connections_ended_total``         http2_error: connections ended with GOAWAY
+``relay_events_total``                    event: any other relay counter
+``numa_node_cpus``, ``numa_node_shared_cpus``, ``numa_node_kubelet_exclusive_cpus``,
+``numa_node_allocated_cpus``, ``numa_node_allocated_memory_bytes``, ``numa_node_pods``
+                                          node: per NUMA node
+``numa_pending_updates``                  placements waiting for the repin loop
+``qos_pods``                              level: managed pods
+``qos_knob_supported``                    knob: 1 when this kernel has it
+``reconcile_runs_total``,                 reconciler (qos, numa_repin): passes, values
+``reconcile_drift_fixed_total``,          put back (files rewritten, cpusets repinned)
+``reconcile_errors_total``                and failures
+========================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import make_wsgi_app
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import CollectorRegistry
+
+from anolisnuma import __version__
+from anolisnuma.admin import views
+from anolisnuma.pipeline.metrics import LatencyStats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from anolisnuma.daemon import Daemon
+
+log = structlog.get_logger("anolisnuma.admin")
+
+P = "anolisnuma_"
+
+
+class DaemonCollector:
+    """A prometheus_client collector over a running :class:`~anolisnuma.daemon.Daemon`."""
+
+    def __init__(self, daemon: "Daemon", started: Optional[float] = None) -> None:
+        self.daemon = daemon
+        self.started = time.monotonic() if started is None else started
+
+    def collect(self) -> Iterator[Metric]:
+        # A section that fails (a hook being rebuilt, say) is left out of this scrape; the
+        # others are still served.
+        for section in (self._daemon, self._calls, self._hooks, self._relay, self._numa, self._qos,
+                        self._reconcilers):
+            try:
+                yield from section()
+            except Exception as e:
+                log.warning("metrics section skipped", section=section.__name__, error=repr(e))
+
+    # ---------------------------------------------------------------- sections
+    def _daemon(self) -> Iterator[Metric]:
+        d = self.daemon
+        info = GaugeMetricFamily(P + "build_info", "anolisnuma's version", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+        yield GaugeMetricFamily(P + "ready", "1 once the socket listens and the hooks are up", value=int(d.ready))
+        yield GaugeMetricFamily(P + "uptime_seconds", "seconds since the daemon started",
+                                value=time.monotonic() - self.started)
+        yield GaugeMetricFamily(P + "calls_waiting_for_hooks", "intercepted calls waiting for the hooks to start",
+                                value=d.interceptor.calls_waiting_for_hooks)
+
+    def _calls(self) -> Iterator[Metric]:
+        yield from _histogram(self.daemon.interceptor.call_stats, "intercepted_calls", "intercepted_call_duration_seconds",
+                              "intercepted CRI calls (lifecycle methods), from the request to the reply",
+                              ["method", "code"])
+
+    def _hooks(self) -> Iterator[Metric]:
+        yield from _histogram(self.daemon.interceptor.hook_stats, "hook_calls", "hook_duration_seconds",
+                              "hook calls, by outcome", ["hook", "stage", "outcome"])
+        events = CounterMetricFamily(P + "pipeline_events", "what the interception pipeline refused or could not read",
+                                     labels=["event"])
+        for name, n in sorted(self.daemon.interceptor.counters.snapshot().items()):
+            if not name.startswith("hook_"):
+                events.add_metric([name], n)
+        yield events
+
+    def _relay(self) -> Iterator[Metric]:
+        relay = self.daemon.relay
+        budget = relay.budget
+        yield GaugeMetricFamily(P + "relay_connections", "kubelet connections being relayed", value=len(relay.splices))
+        yield GaugeMetricFamily(P + "relay_buffer_bytes", "bytes the relay buffers now", value=budget.used)
+        yield GaugeMetricFamily(P + "relay_buffer_peak_bytes", "the most bytes the relay ever buffered",
+                                value=budget.peak)
+        yield GaugeMetricFamily(P + "relay_buffer_limit_bytes", "server.buffer_bytes_total", value=budget.limit)
+        yield GaugeMetricFamily(P + "relay_buffer_connection_limit_bytes", "server.buffer_bytes_per_connection",
+                                value=relay.budget_per_connection)
+        refused = CounterMetricFamily(P + "relay_refused_calls", "intercepted calls refused RESOURCE_EXHAUSTED: "
+                                                                 "a relay buffer budget was spent")
+        ended = CounterMetricFamily(P + "relay_connections_ended", "kubelet connections the relay ended (GOAWAY)",
+                                    labels=["http2_error"])
+        other = CounterMetricFamily(P + "relay_events", "other relay events", labels=["event"])
+        refused_n = 0
+        for name, n in sorted(relay.counters.snapshot().items()):
+            if name == "calls_refused_resource_exhausted":
+                refused_n = n
+            elif name.startswith("connections_ended_"):
+                ended.add_metric([name[len("connections_ended_"):].upper()], n)
+            else:
+                other.add_metric([name], n)
+        refused.add_metric([], refused_n)
+        yield refused
+        yield ended
+        yield other
+
+    def _numa(self) -> Iterator[Metric]:
+        hook = views.numa_hook(self.daemon)
+        if hook is None:
+            return
+        loads = hook.ledger.loads()
+        pool = hook.shared_pool
+        exclusive = hook.kubelet_state.exclusive_cpus
+        fams = {
+            "cpus": GaugeMetricFamily(P + "numa_node_cpus", "online CPUs of the node", labels=["node"]),
+            "shared": GaugeMetricFamily(P + "numa_node_shared_cpus", "CPUs of the node in the kubelet's shared pool",
+                                        labels=["node"]),
+            "exclusive": GaugeMetricFamily(P + "numa_node_kubelet_exclusive_cpus",
+                                           "CPUs of the node the kubelet gave containers exclusively", labels=["node"]),
+            "allocated": GaugeMetricFamily(P + "numa_node_allocated_cpus", "CPUs our placements put on the node",
+                                           labels=["node"]),
+            "memory": GaugeMetricFamily(P + "numa_node_allocated_memory_bytes",
+                                        "memory limits of the pods placed on the node", labels=["node"]),
+            "pods": GaugeMetricFamily(P + "numa_node_pods", "pods placed on the node", labels=["node"]),
+        }
+        for node in hook.topology.nodes:
+            label = [str(node.id)]
+            load = loads.get(node.id)
+            fams["cpus"].add_metric(label, len(node.cpus))
+            fams["shared"].add_metric(label, len(node.cpus & pool))
+            fams["exclusive"].add_metric(label, len(node.cpus & exclusive))
+            fams["allocated"].add_metric(label, load.millicpu / 1000 if load else 0)
+            fams["memory"].add_metric(label, load.memory_bytes if load else 0)
+            fams["pods"].add_metric(label, load.pods if load else 0)
+        yield from fams.values()
+        yield GaugeMetricFamily(P + "numa_pending_updates", "placements waiting for the repin loop",
+                                value=len(hook.pending_updates()))
+
+    def _qos(self) -> Iterator[Metric]:
+        hook = views.qos_hook(self.daemon)
+        if hook is None:
+            return
+        levels: Dict[str, int] = {}
+        for pod, _ in hook.state.snapshot():
+            levels[pod.level.value] = levels.get(pod.level.value, 0) + 1
+        pods = GaugeMetricFamily(P + "qos_pods", "pods the QoS hook manages, by level", labels=["level"])
+        for level in ("LSE", "LSR", "LS", "BE"):
+            pods.add_metric([level], levels.get(level, 0))
+        yield pods
+        knobs = GaugeMetricFamily(P + "qos_knob_supported", "1 when this kernel has the knob", labels=["knob"])
+        for name in sorted(set(hook.support.supported) | set(hook.support.unsupported)):
+            knobs.add_metric([name], int(name in hook.support.supported))
+        yield knobs
+
+    def _reconcilers(self) -> Iterator[Metric]:
+        runs = CounterMetricFamily(P + "reconcile_runs", "reconciler passes", labels=["reconciler"])
+        fixed = CounterMetricFamily(P + "reconcile_drift_fixed", "values put back by a reconciler (QoS files "
+                                                                  "rewritten, NUMA cpusets repinned)",
+                                    labels=["reconciler"])
+        errors = CounterMetricFamily(P + "reconcile_errors", "reconciler writes that failed", labels=["reconciler"])
+        for name, r in views.reconcilers(self.daemon).items():
+            runs.add_metric([name], r["runs"])
+            fixed.add_metric([name], r["rewritten"] if name == "qos" else r["applied"])
+            errors.add_metric([name], r["errors"] if name == "qos" else r["failed"])
+        yield runs
+        yield fixed
+        yield errors
+
+
+def _histogram(stats: LatencyStats, count_name: str, seconds_name: str, doc: str,
+               labels: List[str]) -> Iterator[Metric]:
+    snapshot = stats.snapshot()
+    calls = CounterMetricFamily(P + count_name, doc, labels=labels)
+    seconds = HistogramMetricFamily(P + seconds_name, doc + " (seconds)", labels=labels)
+    bounds = [_le(b) for b in stats.buckets] + ["+Inf"]
+    for key, (count, total, cumulative) in sorted(snapshot.items()):
+        calls.add_metric(list(key), count)
+        seconds.add_metric(list(key), list(zip(bounds, cumulative)), total)
+    yield calls
+    yield seconds
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+# ---------------------------------------------------------------- HTTP
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not log lines
+        pass
+
+
+class MetricsServer:
+    """``MetricsServer(host, port, collector).start()``; ``address`` is where it listens
+    (port 0 is given a free one); ``stop()`` waits for the serving thread."""
+
+    def __init__(self, host: str, port: int, collector: Any) -> None:
+        self.host = host
+        self.port = port
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        ProcessCollector(registry=self.registry)   # the daemon's RSS, CPU time, open fds
+        self._server: Optional[WSGIServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "MetricsServer":
+        """Bind and serve; OSError when the address cannot be bound."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        server_class = type("_MetricsServer", (_Server,), {"address_family": family})
+        self._server = make_server(self.host, self.port, make_wsgi_app(self.registry), server_class,
+                                   handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="metrics-http", daemon=True)
+        self._thread.start()
+        return self
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        assert self._server is not None
+        return self.host, self._server.server_address[1]
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+__all__ = ["DaemonCollector", "MetricsServer"]

@@ -1,0 +1,323 @@
+"""The daemon's state as plain data (what ``anolisnuma-ctl`` shows, as JSON).
+
+Each function reads the daemon and returns dicts and lists of strings and numbers; none
+writes anything. They run on the admin socket's worker thread: the stores they read are
+thread-safe (the NUMA ledger through its hook's lock), and what the event loop owns is only
+read as single integers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+
+from anolisnuma import __version__
+from anolisnuma.state.records import ContainerRecord, PodRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from anolisnuma.daemon import Daemon
+    from anolisnuma.hooks.numa import NumaHook
+    from anolisnuma.hooks.qos import QosHook
+
+# The pod markings that decide a policy, shown by `explain` (no other annotation is shown),
+# besides the opt-out keys of [hooks] skip_keys.
+POLICY_KEYS = ("anolisbox.sh/qoslevel", "koordinator.sh/qosClass", "anolisbox.sh/llc_limit",
+               "numa.anolisnuma.io/skip")
+_HEX_ID = re.compile(r"^[0-9a-f]{6,64}$")
+
+
+class NotFound(LookupError):
+    pass
+
+
+# ---------------------------------------------------------------- the hooks, by what they are
+
+def qos_hook(daemon: "Daemon") -> Optional["QosHook"]:
+    from anolisnuma.hooks.qos import QosHook
+
+    return next((h for h in daemon.hooks if isinstance(h, QosHook)), None)
+
+
+def numa_hook(daemon: "Daemon") -> Optional["NumaHook"]:
+    from anolisnuma.hooks.numa import NumaHook
+
+    return next((h for h in daemon.hooks if isinstance(h, NumaHook) and h.config.enabled), None)
+
+
+def repinners(daemon: "Daemon") -> List[Any]:
+    """The NUMA repin loops the daemon started (its background work)."""
+    from anolisnuma.reconcile.numa import CpusetRepinner
+
+    return [t for t in getattr(daemon, "_background", ()) if isinstance(t, CpusetRepinner)]
+
+
+# ---------------------------------------------------------------- status
+
+def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) -> Dict[str, Any]:
+    """Everything ``anolisnuma-ctl status`` shows except containerd's answer."""
+    cfg = daemon.config
+    counters = daemon.interceptor.counters.snapshot()
+    hooks = []
+    for h in daemon.hooks:
+        settings = cfg.hooks.settings(h.name)
+        hooks.append({
+            "name": h.name, "failure_policy": settings.failure_policy, "budget_seconds": settings.budget_seconds,
+            **{f"{stage}_{outcome}": counters.get(f"hook_{h.name}_{stage}_{outcome}", 0)
+               for stage in ("pre", "post") for outcome in ("ok", "failed")}})
+    qos = qos_hook(daemon)
+    knobs = None
+    if qos is not None:
+        knobs = {"supported": sorted(qos.support.supported),
+                 "unsupported": dict(sorted(qos.support.unsupported.items())),
+                 "cgroup_version": qos.cgroups.version, "dry_run": qos.cfg.dry_run}
+    relay = daemon.relay
+    return {
+        "version": __version__,
+        "pid": os.getpid(),
+        "uptime_seconds": round(uptime_seconds, 1),
+        "ready": daemon.ready,
+        "resynced": daemon.resynced,
+        "config": cfg.source,
+        "listen": cfg.server.listen,
+        "runtime_endpoint": cfg.runtime.endpoint,
+        "hooks": hooks,
+        "hooks_configured": [n for n, on in (("numa", cfg.numa is not None and cfg.numa.enabled),
+                                             ("qos", cfg.qos is not None and cfg.qos.enabled)) if on],
+        "calls_waiting_for_hooks": daemon.interceptor.calls_waiting_for_hooks,
+        "pipeline": {k: v for k, v in sorted(counters.items()) if not k.startswith("hook_")},
+        "knobs": knobs,
+        "relay": {
+            "connections": len(relay.splices),
+            "buffer_bytes": relay.budget.used,
+            "buffer_peak_bytes": relay.budget.peak,
+            "buffer_limit_bytes": relay.budget.limit,
+            "buffer_per_connection_limit_bytes": relay.budget_per_connection,
+            "counters": dict(sorted(relay.counters.snapshot().items())),
+        },
+        "reconcilers": reconcilers(daemon),
+        "journal_pods": len(daemon.interceptor.journal),
+        **surfaces,
+    }
+
+
+def reconcilers(daemon: "Daemon") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    qos = qos_hook(daemon)
+    if qos is not None:
+        r = qos.reconciler
+        t = r.total
+        out["qos"] = {"running": r.running, "interval_seconds": r.interval, "runs": r.runs,
+                      "rewritten": t.rewritten, "tasks_moved": t.tasks_moved, "forgotten": t.forgotten,
+                      "errors": t.errors, "checked": t.checked}
+    loops = repinners(daemon)
+    if loops:
+        out["numa_repin"] = {"runs": sum(r.runs for r in loops), "applied": sum(r.applied_total for r in loops),
+                             "failed": sum(r.failed_total for r in loops)}
+    return out
+
+
+# ---------------------------------------------------------------- pods
+
+def pods(daemon: "Daemon") -> List[Dict[str, Any]]:
+    """Every pod the daemon knows (its store), with its QoS level and NUMA placement."""
+    records = daemon.store.pods()
+    by_sandbox = _containers_by_sandbox(daemon.store.containers())
+    facts = _PolicyFacts(daemon)
+    rows = []
+    for rec in sorted(records, key=lambda p: (p.namespace, p.name, p.sandbox_id)):
+        rows.append({
+            "namespace": rec.namespace, "name": rec.name, "uid": rec.uid, "sandbox_id": rec.sandbox_id,
+            "containers": sorted(c.name for c in by_sandbox.get(rec.sandbox_id, [])),
+            "opted_out": facts.opted_out(rec),
+            "qos": facts.qos(rec),
+            "numa": facts.numa(rec),
+        })
+    return rows
+
+
+def _containers_by_sandbox(containers: Iterable[ContainerRecord]) -> Dict[str, List[ContainerRecord]]:
+    out: Dict[str, List[ContainerRecord]] = {}
+    for c in containers:
+        out.setdefault(c.sandbox_id, []).append(c)
+    return out
+
+
+class _PolicyFacts:
+    """What the policies decided for a pod, read once per request from the hooks."""
+
+    def __init__(self, daemon: "Daemon") -> None:
+        self.skip_keys = tuple(daemon.config.hooks.skip_keys)
+        self.qos_hook = qos_hook(daemon)
+        self.numa_hook = numa_hook(daemon)
+        self.allocations = {a.pod_uid: a for a in self.numa_hook.allocations()} if self.numa_hook else {}
+        self.kubelet = self.numa_hook.kubelet_state if self.numa_hook else None
+        self.pool = self.numa_hook.shared_pool if self.numa_hook else None
+
+    def opted_out(self, rec: PodRecord) -> Optional[str]:
+        """The key that opts the pod out of every hook, if one does."""
+        for key in self.skip_keys:
+            for source in (rec.annotations, rec.labels):
+                if source.get(key, "").strip().lower() in ("true", "1", "yes"):
+                    return key
+        return None
+
+    def qos(self, rec: PodRecord) -> Dict[str, Any]:
+        hook = self.qos_hook
+        if hook is None:
+            return {"level": None, "why": "QoS hook not running"}
+        key = self.opted_out(rec)
+        if key is not None:
+            return {"level": None, "why": f"opted out ({key})"}
+        managed = hook.state.by_sandbox(rec.sandbox_id) or hook.state.by_uid(rec.uid)
+        if managed is None:
+            return {"level": None, **_qos_skip_reason(rec)}
+        return {"level": managed.level.value, "source": managed.source, "why": managed.why,
+                "llc_group": managed.llc_group, "cgroup": managed.cgroup.rel,
+                "containers": len(managed.containers)}
+
+    def numa(self, rec: PodRecord) -> Dict[str, Any]:
+        hook = self.numa_hook
+        if hook is None:
+            return {"placed": False, "why": "NUMA placement off"}
+        out: Dict[str, Any] = {"placed": False}
+        exclusive = {}
+        if self.kubelet is not None and self.kubelet.is_static:
+            exclusive = {name: str(cpus) for name, cpus in self.kubelet.entries.get(rec.uid, {}).items()}
+        if exclusive:
+            out["kubelet_exclusive"] = exclusive
+        key = self.opted_out(rec)
+        alloc = self.allocations.get(rec.uid)
+        if alloc is not None and alloc.sandbox_id in ("", rec.sandbox_id):
+            sel = hook.select(rec)
+            if alloc.source == "rule":
+                why = f"rule {sel.rule.source}" if sel.rule is not None else "rule (no longer listed)"
+            elif alloc.source == "adopted":
+                why = "adopted at start-up from its cpuset"
+            else:
+                why = f"balance ({sel.why})" if sel.managed else "balance"
+            out.update(placed=True, nodes=list(alloc.nodes), cpus=str(alloc.cpus(self.pool)),
+                       mems=str(alloc.mems) or None, source=alloc.source, why=why)
+            if exclusive:
+                out["why"] += "; kubelet-exclusive: " + ", ".join(sorted(exclusive))
+            return out
+        if key is not None:
+            out["why"] = f"opted out ({key})"
+        elif exclusive:
+            out["why"] = "kubelet-exclusive CPUs (static CPU manager); left alone"
+        else:
+            sel = hook.select(rec)
+            out["why"] = f"managed ({sel.why}); not placed" if sel.managed else f"unmanaged ({sel.why})"
+        return out
+
+
+def _qos_skip_reason(rec: PodRecord) -> Dict[str, str]:
+    """Why the QoS hook manages no such pod (what its log said the first time)."""
+    from anolisnuma.system.cgroups import InvalidCgroupPath, parse_cgroup_parent, preview
+
+    if rec.cgroup_parent:
+        try:
+            parse_cgroup_parent(rec.cgroup_parent)
+        except InvalidCgroupPath as e:
+            return {"why": "skipped: cgroup_parent not recognized", "detail": f"cgroup_parent {preview(rec.cgroup_parent)}"}
+        return {"why": "not managed (see the log for the pod)"}
+    return {"why": "skipped: no pod cgroup known"}
+
+
+# ---------------------------------------------------------------- numa
+
+def numa(daemon: "Daemon") -> Dict[str, Any]:
+    """Per NUMA node: CPUs, those in the kubelet's shared pool and exclusive ones, what our
+    placements use, and the pods placed there."""
+    hook = numa_hook(daemon)
+    if hook is None:
+        return {"enabled": False}
+    allocations = hook.allocations()
+    loads = hook.ledger.loads()
+    kubelet = hook.kubelet_state
+    pool = hook.shared_pool
+    exclusive_cpus = kubelet.exclusive_cpus
+    refs = {p.uid: p.ref for p in daemon.store.pods()}
+    nodes = []
+    for node in hook.topology.nodes:
+        load = loads.get(node.id)
+        used = load.millicpu if load is not None else 0
+        shared = node.cpus & pool
+        nodes.append({
+            "node": node.id, "cpus": str(node.cpus), "cpus_total": len(node.cpus),
+            "shared_cpus": str(shared), "kubelet_exclusive_cpus": str(node.cpus & exclusive_cpus),
+            "used_cpus": used / 1000, "free_cpus": max(len(shared) * 1000 - used, 0) / 1000,
+            "memory_bytes": node.memory_bytes, "placed_memory_bytes": load.memory_bytes if load is not None else 0,
+            "pods": sorted(a.ref for a in allocations if node.id in a.nodes),
+        })
+    exclusive = [{"pod_uid": uid, "pod": refs.get(uid), "container": name, "cpus": str(cpus)}
+                 for uid, containers in sorted(kubelet.entries.items()) for name, cpus in sorted(containers.items())
+                 ] if kubelet.is_static else []
+    return {"enabled": True, "kubelet_policy": kubelet.policy, "shared_pool": str(pool),
+            "kubelet_exclusive_cpus": str(exclusive_cpus), "kubelet_exclusive": exclusive,
+            "allocations": len(allocations), "pending_updates": len(hook.pending_updates()), "nodes": nodes}
+
+
+# ---------------------------------------------------------------- explain
+
+def find_pods(daemon: "Daemon", query: str) -> List[PodRecord]:
+    """The pods ``query`` names: ``namespace/name``, a pod UID, or a sandbox ID (or the
+    first 6+ hex digits of one). NotFound when none does."""
+    query = query.strip()
+    records = daemon.store.pods()
+    if "/" in query:
+        ns, _, name = query.partition("/")
+        found = [p for p in records if p.namespace == ns and p.name == name]
+    else:
+        found = [p for p in records if p.uid == query]
+        if not found and _HEX_ID.match(query):
+            found = [p for p in records if p.sandbox_id.startswith(query)]
+    if not found:
+        raise NotFound(f"no pod {query!r} is known to anolisnuma (give namespace/name, a pod UID or a sandbox ID)")
+    return sorted(found, key=lambda p: p.sandbox_id)
+
+
+def explain(daemon: "Daemon", query: str) -> List[Dict[str, Any]]:
+    """Every decision taken for the pods ``query`` names (one entry per pod UID): the
+    markings behind them, the QoS level and NUMA placement now, and the journal of the
+    pod's intercepted calls with each hook's decision."""
+    found = find_pods(daemon, query)
+    facts = _PolicyFacts(daemon)
+    by_sandbox = _containers_by_sandbox(daemon.store.containers())
+    numa = numa_hook(daemon)
+    out = []
+    for uid, recs in _group_by_uid(found):
+        # the sandbox that runs containers speaks for the pod (an old one may linger until removed)
+        rec = ([r for r in recs if by_sandbox.get(r.sandbox_id)] or recs)[-1]
+        containers = [c for r in recs for c in by_sandbox.get(r.sandbox_id, [])]
+        markings = {}
+        for key in POLICY_KEYS + facts.skip_keys:
+            for kind, src in (("annotation", rec.annotations), ("label", rec.labels)):
+                if key in src:
+                    markings[f"{kind} {key}"] = src[key]
+        entry: Dict[str, Any] = {
+            "pod": {"namespace": rec.namespace, "name": rec.name, "uid": uid,
+                    "sandbox_ids": [r.sandbox_id for r in recs], "cgroup_parent": rec.cgroup_parent,
+                    "containers": [{"name": c.name, "id": c.container_id, "cpuset_cpus": c.resources.cpuset_cpus,
+                                    "cpuset_mems": c.resources.cpuset_mems} for c in containers]},
+            "markings": markings,
+            "opted_out": facts.opted_out(rec),
+            "qos": facts.qos(rec),
+            "numa": facts.numa(rec),
+            "calls": daemon.interceptor.journal.calls(uid),
+        }
+        if numa is not None:
+            sel = numa.select(rec)
+            entry["numa"]["selection"] = sel.why
+            if sel.rule is not None:
+                entry["numa"]["rule"] = sel.rule.describe()
+        out.append(entry)
+    return out
+
+
+def _group_by_uid(records: List[PodRecord]) -> List[Tuple[str, List[PodRecord]]]:
+    groups: Dict[str, List[PodRecord]] = {}
+    for r in records:
+        groups.setdefault(r.uid, []).append(r)
+    return sorted(groups.items())
+

@@ -1,0 +1,130 @@
+"""``anolisnuma-ctl``: ask the running daemon, or switch the kubelet over.
+
+    anolisnuma-ctl status              version, uptime, containerd, knobs, hooks, relay
+    anolisnuma-ctl pods                each pod's QoS level and NUMA placement, and why
+    anolisnuma-ctl numa                per NUMA node: CPUs, kubelet-exclusive CPUs, pods
+    anolisnuma-ctl explain POD         every decision taken for a pod (namespace/name or UID)
+    anolisnuma-ctl reload              re-read the configuration file (as SIGHUP does)
+    anolisnuma-ctl kubelet enable|disable|status
+
+The daemon is reached on its admin socket: ``--admin-socket PATH``, else ``[admin] socket``
+of the configuration file (``-c``, default /etc/anolisnuma/config.toml) when it can be read,
+else /var/run/anolisnuma/admin.sock. Tables by default, ``-o json`` for scripts. Exit codes:
+0 done, 1 the daemon could not be asked or refused, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Dict, List, Optional, Sequence, TextIO
+
+from anolisnuma import __version__
+from anolisnuma.config import UNIX_PREFIX, AdminConfig
+from anolisnuma.configfile import ConfigError, load_toml
+from anolisnuma.ctl import render
+from anolisnuma.ctl.client import CtlError, ask
+
+PROG = "anolisnuma-ctl"
+DEFAULT_CONFIG = "/etc/anolisnuma/config.toml"
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+COMMANDS = (
+    ("status", "version, uptime, containerd, kernel knobs, hooks and their failures, relay buffers"),
+    ("pods", "each known pod: QoS level and where it came from, NUMA placement and why"),
+    ("numa", "per NUMA node: CPUs used and free by our placements, kubelet-exclusive CPUs, pods"),
+    ("explain", "every decision taken for one pod, with the rule or annotation behind it"),
+    ("reload", "re-read the configuration file; say what applied and what needs a restart"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Inspect the running anolisnuma daemon, or switch the kubelet over to it.",
+        epilog="The admin socket is root only: run as root.")
+    parser.add_argument("-c", "--config", default=None, metavar="FILE",
+                        help=f"anolisnuma's configuration, read for [admin] socket (default {DEFAULT_CONFIG})")
+    parser.add_argument("--admin-socket", metavar="PATH", default=None,
+                        help=f"the daemon's admin socket (default: from the configuration, else "
+                             f"{AdminConfig.socket})")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                        help="table (default) or json")
+    parser.add_argument("--timeout", type=float, default=20.0, metavar="SECONDS",
+                        help="how long to wait for the daemon's answer (default 20)")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, text in COMMANDS:
+        p = sub.add_parser(name, help=text, description=text)
+        # also after the command (`pods -o json`); SUPPRESS keeps the global one otherwise
+        p.add_argument("-o", "--output", choices=("table", "json"), default=argparse.SUPPRESS,
+                       help="table (default) or json")
+        if name == "explain":
+            p.add_argument("pod", metavar="POD", help="namespace/name, pod UID, or sandbox ID (or its first digits)")
+        p.set_defaults(func=run_admin_command)
+    try:
+        from anolisnuma.ctl import kubelet
+    except ImportError:  # pragma: no cover - shipped together
+        kubelet = None  # type: ignore[assignment]
+    if kubelet is not None:
+        kubelet.add_parser(sub)
+    return parser
+
+
+def admin_socket(args: argparse.Namespace) -> str:
+    """The admin socket to use: ``--admin-socket``, else ``[admin] socket`` of the
+    configuration, else the default. CtlError when the configuration turns it off, or a
+    configuration named with ``-c`` cannot be read."""
+    if args.admin_socket:
+        return _strip_unix(args.admin_socket)
+    path = args.config or DEFAULT_CONFIG
+    try:
+        data = load_toml(path)
+    except ConfigError as e:
+        if args.config is None:   # no default file, or one this user cannot read: the default
+            return AdminConfig.socket
+        raise CtlError(str(e)) from None
+    section = data.get("admin", {})
+    value = section.get("socket", AdminConfig.socket) if isinstance(section, dict) else AdminConfig.socket
+    if not isinstance(value, str):
+        raise CtlError(f"{path}: admin.socket must be a string")
+    if not value:
+        raise CtlError(f"the admin socket is turned off in {path} ([admin] socket = \"\")")
+    return _strip_unix(value)
+
+
+def _strip_unix(path: str) -> str:
+    return path[len(UNIX_PREFIX):] if path.startswith(UNIX_PREFIX) else path
+
+
+def run_admin_command(args: argparse.Namespace, out: Optional[TextIO] = None) -> int:
+    out = out or sys.stdout
+    request: Dict[str, Any] = {"pod": args.pod} if args.command == "explain" else {}
+    result = ask(admin_socket(args), args.command, request, timeout=args.timeout)
+    if args.output == "json":
+        print(json.dumps(result, indent=2, sort_keys=True), file=out)
+    else:
+        print(render.RENDERERS[args.command](result), file=out)
+    return EXIT_OK
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CtlError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except BrokenPipeError:   # `anolisnuma-ctl pods | head`
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__: List[str] = ["main", "build_parser", "admin_socket"]

@@ -1,0 +1,206 @@
+"""The admin commands' results as text for a person (``-o json`` prints them as they are)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List
+
+from anolisnuma.ctl.table import fields, lines, table
+
+QOS_SOURCES = {"annotation": "annotation", "label": "label", "kube_class": "kube class", "default": "default"}
+
+
+def human_bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def human_duration(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d{h}h{m:02d}m"
+    if h:
+        return f"{h}h{m:02d}m{s:02d}s"
+    if m:
+        return f"{m}m{s:02d}s"
+    return f"{s}s"
+
+
+def _plural(n: Any, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _counts(d: Dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(d.items()) if v) or "none"
+
+
+# ---------------------------------------------------------------- status
+
+def status(r: Dict[str, Any]) -> str:
+    state = "ready" if r.get("ready") else "starting (hooks not up yet)"
+    c = r.get("containerd") or {}
+    if c.get("reachable"):
+        containerd = f"reachable: {c.get('runtime')}, CRI {c.get('api_version')}, {c.get('latency_ms')} ms ({c.get('endpoint')})"
+    else:
+        containerd = f"UNREACHABLE: {c.get('error')} ({c.get('endpoint')})"
+    relay = r.get("relay") or {}
+    knobs = r.get("knobs")
+    head = fields([
+        ("anolisnuma", f"{r.get('version')}, pid {r.get('pid')}, up {human_duration(r.get('uptime_seconds'))}, {state}"),
+        ("config", r.get("config")),
+        ("listen", r.get("listen")),
+        ("containerd", containerd),
+        ("admin socket", r.get("admin_socket")),
+        ("metrics", r.get("metrics_url") or "off"),
+        ("relay", f"{_plural(relay.get('connections', 0), 'connection')}; buffers {human_bytes(relay.get('buffer_bytes'))} "
+                  f"of {human_bytes(relay.get('buffer_limit_bytes'))} (peak {human_bytes(relay.get('buffer_peak_bytes'))}, "
+                  f"{human_bytes(relay.get('buffer_per_connection_limit_bytes'))} per connection)"),
+        ("relay events", _counts(relay.get("counters") or {})),
+        ("pipeline events", _counts(r.get("pipeline") or {})),
+        ("waiting for hooks", r.get("calls_waiting_for_hooks") or 0),
+        ("kernel knobs", ("none: the QoS hook is not running" if knobs is None else
+                          ", ".join(knobs.get("supported") or []) or "none supported")),
+    ])
+    blocks = [head]
+    hooks = r.get("hooks") or []
+    missing = [n for n in r.get("hooks_configured") or [] if n not in {h["name"] for h in hooks}]
+    rows = [[h["name"], h["failure_policy"], f"{h['budget_seconds']:g}s", h["pre_ok"], h["pre_failed"],
+             h["post_ok"], h["post_failed"]] for h in hooks]
+    rows += [[n, "-", "-", "-", "-", "-", "NOT RUNNING (see the log)" if r.get("ready") else "starting"]
+             for n in missing]
+    blocks.append(table(["HOOK", "POLICY", "BUDGET", "PRE OK", "PRE FAILED", "POST OK", "POST FAILED"], rows)
+                  if rows else "hooks: none")
+    if knobs is not None and knobs.get("unsupported"):
+        blocks.append(table(["UNSUPPORTED KNOB", "WHY"], sorted(knobs["unsupported"].items())))
+    recs = r.get("reconcilers") or {}
+    if recs:
+        rows = []
+        for name, v in sorted(recs.items()):
+            fixed = v.get("rewritten") if name == "qos" else v.get("applied")
+            errors = v.get("errors") if name == "qos" else v.get("failed")
+            rows.append([name, v.get("runs"), fixed, errors])
+        blocks.append(table(["RECONCILER", "RUNS", "DRIFT FIXED", "ERRORS"], rows))
+    return lines(*blocks)
+
+
+# ---------------------------------------------------------------- pods
+
+def pods(rows: List[Dict[str, Any]]) -> str:
+    if not rows:
+        return "no pods known to anolisnuma"
+    out = []
+    for p in rows:
+        q, n = p.get("qos") or {}, p.get("numa") or {}
+        qos_from = QOS_SOURCES.get(q.get("source"), q.get("source")) if q.get("level") else q.get("why")
+        out.append([p["namespace"], p["name"], (p.get("uid") or "")[:8], len(p.get("containers") or []),
+                    q.get("level"), qos_from, n.get("nodes"), n.get("cpus"), n.get("mems"), n.get("why")])
+    return table(["NAMESPACE", "NAME", "UID", "CTRS", "QOS", "QOS FROM", "NODES", "CPUS", "MEMS", "NUMA WHY"], out)
+
+
+# ---------------------------------------------------------------- numa
+
+def numa(r: Dict[str, Any]) -> str:
+    if not r.get("enabled"):
+        return "NUMA placement is off ([numa] enabled = false)"
+    head = fields([
+        ("kubelet CPU manager", r.get("kubelet_policy")),
+        ("shared pool", r.get("shared_pool")),
+        ("kubelet-exclusive CPUs", r.get("kubelet_exclusive_cpus")),
+        ("placed pods", r.get("allocations")),
+        ("waiting to be repinned", r.get("pending_updates")),
+    ])
+    nodes = table(["NODE", "CPUS", "TOTAL", "SHARED", "EXCLUSIVE", "USED", "FREE", "MEMORY", "PLACED MEM", "PODS"],
+                  [[n["node"], n["cpus"], n["cpus_total"], n["shared_cpus"], n["kubelet_exclusive_cpus"],
+                    n["used_cpus"], n["free_cpus"], human_bytes(n["memory_bytes"]),
+                    human_bytes(n["placed_memory_bytes"]), ", ".join(n["pods"])] for n in r.get("nodes") or []])
+    blocks = [head, nodes]
+    exclusive = r.get("kubelet_exclusive") or []
+    if exclusive:
+        blocks.append(table(["KUBELET-EXCLUSIVE POD", "CONTAINER", "CPUS"],
+                            [[e.get("pod") or e["pod_uid"], e["container"], e["cpus"]] for e in exclusive]))
+    return lines(*blocks)
+
+
+# ---------------------------------------------------------------- explain
+
+def explain(pods: List[Dict[str, Any]]) -> str:
+    return "\n\n\n".join(_explain_one(p) for p in pods)
+
+
+def _explain_one(e: Dict[str, Any]) -> str:
+    pod, q, n = e["pod"], e.get("qos") or {}, e.get("numa") or {}
+    if q.get("level"):
+        qos = f"{q['level']} ({q.get('why') or q.get('source')})"
+        if q.get("llc_group"):
+            qos += f"; resctrl group {q['llc_group']}"
+    else:
+        qos = f"not applied: {q.get('why')}" + (f" ({q['detail']})" if q.get("detail") else "")
+    if n.get("placed"):
+        where = ("node " if len(n["nodes"]) == 1 else "nodes ") + ",".join(str(x) for x in n["nodes"])
+        numa = f"{where}, cpus {n.get('cpus') or '-'}, mems {n.get('mems') or '-'}: {n.get('why')}"
+    else:
+        numa = f"not placed: {n.get('why')}"
+    pairs = [
+        ("pod", f"{pod['namespace']}/{pod['name']}"),
+        ("uid", pod["uid"]),
+        ("sandbox", ", ".join(pod["sandbox_ids"])),
+        ("cgroup parent", pod.get("cgroup_parent")),
+        ("markings", "; ".join(f"{k}={v}" for k, v in sorted((e.get("markings") or {}).items())) or "none"),
+        ("hooks", f"all skipped: opted out ({e['opted_out']})" if e.get("opted_out") else "applied"),
+        ("qos", qos),
+        ("numa", numa),
+    ]
+    if n.get("selection"):
+        pairs.append(("numa selection", n["selection"] + (f" ({n['rule']})" if n.get("rule") else "")))
+    if n.get("kubelet_exclusive"):
+        pairs.append(("kubelet-exclusive", ", ".join(f"{k}: {v}" for k, v in sorted(n["kubelet_exclusive"].items()))))
+    blocks = [fields(pairs)]
+    containers = pod.get("containers") or []
+    if containers:
+        blocks.append(table(["CONTAINER", "ID", "CPUSET CPUS", "CPUSET MEMS"],
+                            [[c["name"], c["id"][:13], c["cpuset_cpus"], c["cpuset_mems"]] for c in containers]))
+    calls = e.get("calls") or []
+    if calls:
+        rows = []
+        for c in calls:
+            decisions = "; ".join(f"{k}: {v}" for k, v in sorted((c.get("decisions") or {}).items()))
+            errors = "; ".join(f"FAILED {x}" for x in c.get("hook_errors") or [])
+            rows.append([time.strftime("%H:%M:%S", time.localtime(c["at"])), c["method"], _short(c.get("container")),
+                         c["status"], f"{c['latency_ms']:g}ms", "; ".join(x for x in (decisions, errors) if x)])
+        blocks.append(table(["TIME", "CALL", "CONTAINER", "STATUS", "LATENCY", "DECISIONS"], rows))
+    else:
+        blocks.append("calls: none seen since the daemon started")
+    return lines(*blocks)
+
+
+def _short(container: Any) -> Any:
+    """A container name as is; a bare 64-hex ID cut to 13 characters like crictl."""
+    if isinstance(container, str) and len(container) == 64:
+        return container[:13]
+    return container
+
+
+# ---------------------------------------------------------------- reload
+
+def reload(r: Dict[str, Any]) -> str:
+    applied, restart = r.get("applied") or [], r.get("needs_restart") or []
+    if not applied and not restart:
+        return f"configuration reloaded from {r.get('config')}: nothing changed"
+    pairs = [("configuration reloaded from", r.get("config")),
+             ("applied now", ", ".join(applied) or "nothing")]
+    if restart:
+        pairs.append(("needs a restart", ", ".join(restart) + " (the running values stay until then)"))
+    return fields(pairs)
+
+
+RENDERERS = {"status": status, "pods": pods, "numa": numa, "explain": explain, "reload": reload}
