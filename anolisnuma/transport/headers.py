@@ -19,7 +19,7 @@ without losing the HPACK state the next block depends on, so it ends the connect
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import hpack
 
@@ -33,6 +33,9 @@ MAX_HEADER_LIST_BYTES = 256 * 1024
 # Blocks up to this size go to the library in one call; larger ones in pieces of about
 # this size, so the library's copy-the-rest costs at most a piece per field.
 _PIECE_BYTES = 1024
+# Decoded blocks remembered by their bytes (see HeaderBlockDecoder.decode); the cache is
+# emptied when full, so a peer sending ever-new blocks costs one dict of this size.
+CACHE_ENTRIES = 512
 
 Headers = List[Tuple[bytes, bytes]]
 
@@ -52,6 +55,7 @@ class HeaderBlockDecoder:
         self._decoder = hpack.Decoder()
         self._decoder.max_header_list_size = MAX_HEADER_LIST_BYTES
         self.allow_table_size(h2.DEFAULT_HEADER_TABLE_SIZE)
+        self._cache: Dict[bytes, Headers] = {}
 
     def allow_table_size(self, size: int) -> None:
         """The receiving peer advertised ``size`` (SETTINGS_HEADER_TABLE_SIZE): the encoder
@@ -65,13 +69,31 @@ class HeaderBlockDecoder:
         return not self._decoder.header_table.dynamic_entries
 
     def decode(self, block: bytes) -> Headers:
-        """The block's header fields as raw (name, value) pairs.
+        """The block's header fields as raw (name, value) pairs (shared: do not change them).
+
+        Both peers are asked to code without a dynamic table (SETTINGS_HEADER_TABLE_SIZE =
+        0), so their blocks soon stand alone: a block decoded while the table is empty, that
+        left it empty and holds no table size update, decodes the same every time and is
+        remembered by its bytes. A repeated call's headers are then one dict look-up.
 
         Raises HeaderBlockError when the block is over a cap or cannot be decoded.
         """
         if len(block) > MAX_HEADER_BLOCK_BYTES:
             raise HeaderBlockError(h2.ENHANCE_YOUR_CALM,
                                    f"header block of {len(block)} bytes (limit {MAX_HEADER_BLOCK_BYTES})")
+        cacheable = bool(block) and block[0] & 0xE0 != 0x20 and self.stateless
+        if cacheable:
+            known = self._cache.get(block)
+            if known is not None:
+                return known
+        headers = self._decode(block)
+        if cacheable and self.stateless:
+            if len(self._cache) >= CACHE_ENTRIES:
+                self._cache.clear()
+            self._cache[block] = headers
+        return headers
+
+    def _decode(self, block: bytes) -> Headers:
         try:
             if len(block) <= _PIECE_BYTES:
                 return self._decoder.decode(block, raw=True)

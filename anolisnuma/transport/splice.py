@@ -397,8 +397,7 @@ class Splice:
                         self.c2k_hpack.allow_table_size(value)
                 # containerd is asked to code its header blocks without a dynamic table, so
                 # that each block stands alone: one the kubelet must not see can be dropped.
-                raw = h2.settings_frame([(i, v) for i, v in settings if i != h2.SETTINGS_HEADER_TABLE_SIZE]
-                                        + [(h2.SETTINGS_HEADER_TABLE_SIZE, 0)])
+                raw = _without_header_table(settings)
             self._send_up(raw, ordered=False)
             return
         if ftype == h2.RST_STREAM and sid in self.refused:
@@ -610,7 +609,8 @@ class Splice:
             self._window_update_from_containerd(sid, int.from_bytes(payload, "big") & 0x7FFFFFFF, raw)
             return
         if ftype == h2.SETTINGS and not flags & h2.FLAG_ACK:
-            for ident, value in h2.parse_settings(payload):
+            settings = h2.parse_settings(payload)
+            for ident, value in settings:
                 if ident == h2.SETTINGS_MAX_FRAME_SIZE:
                     self.k2c.max_frame = max(value, h2.DEFAULT_MAX_FRAME_SIZE)
                 elif ident == h2.SETTINGS_INITIAL_WINDOW_SIZE:
@@ -623,7 +623,9 @@ class Splice:
                                 self._send_outbox(st)
                 elif ident == h2.SETTINGS_HEADER_TABLE_SIZE:
                     self.k2c_hpack.allow_table_size(value)
-            self._send_down(raw)
+            # the kubelet too is asked for header blocks that stand alone (see
+            # HeaderBlockDecoder.decode: a repeated call's headers are then a look-up)
+            self._send_down(_without_header_table(settings))
             return
         if sid in self.silenced and self._silence(ftype, flags, sid, payload, raw):
             return
@@ -922,6 +924,12 @@ class Splice:
         fut = asyncio.get_running_loop().create_future()
         self.idle_waiters.append(fut)
         await fut
+
+
+def _without_header_table(settings: list) -> bytes:
+    """A SETTINGS frame with the peer's settings, asking for no dynamic HPACK table."""
+    return h2.settings_frame([(i, v) for i, v in settings if i != h2.SETTINGS_HEADER_TABLE_SIZE]
+                             + [(h2.SETTINGS_HEADER_TABLE_SIZE, 0)])
 
 
 def _remember(sids: "OrderedDict[int, None]", sid: int) -> None:

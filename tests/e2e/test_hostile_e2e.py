@@ -55,11 +55,12 @@ def test_flood_of_held_streams_stays_within_the_budget(containerd, tmp_path):
         assert_recovers(pid, rss0, fds0)
 
 
-def test_containerd_codes_its_headers_without_a_dynamic_table(containerd, tmp_path):
-    """The relay asks containerd (SETTINGS_HEADER_TABLE_SIZE = 0) to code header blocks
-    that stand alone, so that one the kubelet must not see (containerd's answer crossing
-    the relay's own) can be dropped without the kubelet's HPACK decoder missing an entry.
-    containerd's grpc-go honours it: after many calls its dynamic table is still empty."""
+def test_both_peers_code_their_headers_without_a_dynamic_table(containerd, tmp_path):
+    """The relay asks containerd and the client (SETTINGS_HEADER_TABLE_SIZE = 0) to code
+    header blocks that stand alone: one the kubelet must not see (containerd's answer
+    crossing the relay's own) can then be dropped without the kubelet's HPACK decoder
+    missing an entry, and a repeated call's headers are a cache look-up. containerd's
+    grpc-go and grpcio's C core both honour it: after many calls both tables are empty."""
     import grpc
 
     from anolisnuma.testing.proxy import InProcessProxy
@@ -72,4 +73,4 @@ def test_containerd_codes_its_headers_without_a_dynamic_table(containerd, tmp_pa
             body = request if isinstance(request, bytes) else request.SerializeToString()
             channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")(body, timeout=10)
         splices = list(proxy.daemon.relay.splices)
-        assert splices and all(s.c2k_hpack.stateless for s in splices)
+        assert splices and all(s.c2k_hpack.stateless and s.k2c_hpack.stateless for s in splices)

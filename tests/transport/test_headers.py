@@ -67,3 +67,23 @@ def test_the_table_may_grow_only_to_what_the_peer_allowed():
     d = HeaderBlockDecoder()
     d.allow_table_size(8192)
     assert d.decode(grow) == []
+
+
+def test_blocks_that_stand_alone_are_decoded_once():
+    encoder = hpack.Encoder()
+    encoder.header_table_size = 0  # what the relay asks both peers for
+    decoder = HeaderBlockDecoder()
+    first = encoder.encode([(":path", "/runtime.v1.RuntimeService/Version"), ("te", "trailers")])
+    assert first[0] & 0xE0 == 0x20  # the size update is not cached...
+    assert decoder.decode(first) == [(b":path", b"/runtime.v1.RuntimeService/Version"), (b"te", b"trailers")]
+    again = encoder.encode([(":path", "/runtime.v1.RuntimeService/Version"), ("te", "trailers")])
+    assert again[0] & 0xE0 != 0x20
+    assert decoder.decode(again) is decoder.decode(bytes(again))  # ...the blocks after it are
+
+
+def test_blocks_that_use_the_dynamic_table_are_never_taken_from_the_cache():
+    encoder, decoder = hpack.Encoder(), HeaderBlockDecoder()  # a peer that kept its table
+    for value in ("a", "b", "a"):
+        block = encoder.encode([("x-key", value)])
+        assert decoder.decode(block) == [(b"x-key", value.encode())]
+    assert not decoder.stateless
