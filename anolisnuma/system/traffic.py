@@ -1,0 +1,524 @@
+"""Which managed pods talk to each other, and how much: pod-pair TCP byte rates.
+
+:class:`TrafficObserver` asks a :class:`TrafficSource` for one sample per interval and keeps
+an exponentially weighted average per pod pair. The source here is :class:`SockDiagSource`
+(socket diagnostics, every Linux); another one (openEuler's ``/dev/relationship_ctrl``)
+would implement the same one-method interface.
+
+How :class:`SockDiagSource` samples (the kernel calls are in
+:mod:`anolisnuma.system.sockdiag`):
+
+1. **Namespaces.** Each managed pod is given as one of its PIDs. The PID must be in the
+   pod's cgroup (``/proc/<pid>/cgroup`` names ``pod<uid>``), else the pod is skipped this
+   time (the process ended and the PID may be someone else's). Pods whose PIDs share a
+   network namespace (host-network pods) are read once.
+2. **Sockets.** A namespace is dumped in full (TCP, IPv4 and IPv6, data-carrying states)
+   the first time, whenever its TCP open counters moved since the last look (a connection
+   was made there: ``ActiveOpens + PassiveOpens``), and every ``full_dump_every`` samples.
+   Otherwise only the sockets already followed are looked up, one exact lookup each: a
+   dump walks the host's whole established-connection hash table, a lookup does not.
+   A namespace that holds one pod (the usual pod sandbox) is that pod's: all its sockets
+   are the pod's, and connections inside it (loopback, filtered by the kernel, or both
+   ends present) are not followed. In a namespace several pods share (the host's),
+   sockets go to pods by their inode: ``/proc/<pid>/fd`` of the processes whose cgroup
+   is one of those pods; the rest belong to no managed pod.
+3. **Counters.** ``tcpi_bytes_acked`` (sent) and ``tcpi_bytes_received`` per socket,
+   followed by socket cookie: the difference since the previous sample; the whole count
+   for a socket born since then (one not there at the previous look of a namespace seen
+   before); nothing for sockets seen for the first time in a namespace seen for the first
+   time (their bytes could be from any time). A socket that closed between two samples
+   loses its last bytes; a counter that went down starts again from the new value.
+4. **Matching.** A connection's two sockets mirror each other: one's local endpoint is
+   the other's remote. Failing that (the client dialled a Service virtual IP: DNAT; or
+   the server sees a translated source: SNAT), the conntrack entry of the socket's
+   connection, looked up in the socket's namespace and then the host's, says what the
+   other end sees. Failing that, the server's view: an unmatched socket whose remote
+   endpoint is this socket's local endpoint, if there is exactly one. Anything
+   ambiguous is left out and counted.
+5. **Rates.** Bytes of a connection = sent one way + sent the other way, each the larger
+   of the two ends' counts; a pod pair's rate = the sum over its connections / seconds
+   since the previous sample.
+
+Cost: see ``docs/numa.md`` ("Traffic observation") and ``scripts/bench_observer.py``.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
+
+from anolisnuma.system import sockdiag
+from anolisnuma.system.cgroups import POD_UID_RE
+from anolisnuma.system.sockdiag import NetnsKey, TcpSocket, is_loopback
+
+PodPair = Tuple[str, str]          # two pod UIDs, the smaller first
+
+_MAX_ERRORS_KEPT = 20
+
+
+class PodProcess(NamedTuple):
+    """What the observer needs of a managed pod: one PID of its containers, and whether
+    the pod uses the host's network namespace."""
+
+    pid: int
+    host_network: bool = False
+
+
+def pod_pair(a: str, b: str) -> PodPair:
+    return (a, b) if a <= b else (b, a)
+
+
+@dataclass
+class SampleStats:
+    pods: int = 0                  # pods asked for
+    pods_skipped: int = 0          # PID gone, or not in the pod's cgroup
+    namespaces: int = 0
+    full_dumps: int = 0            # namespaces dumped in full
+    refreshed: int = 0             # namespaces whose followed sockets were looked up
+    idle: int = 0                  # namespaces with nothing to follow and no new connection
+    sockets: int = 0               # pod sockets examined
+    connections: int = 0           # pod-to-pod connections found
+    via_conntrack: int = 0         # ... of which matched through conntrack
+    via_server_view: int = 0       # ... of which matched through the server's view
+    nat_lookups: int = 0
+    ambiguous: int = 0             # sockets with more than one possible other end
+    errors: int = 0
+    seconds: float = 0.0           # wall time of the sample
+
+
+@dataclass
+class TrafficSample:
+    at: float                               # monotonic time of the sample
+    interval: Optional[float]               # seconds since the previous one (None: first)
+    rates: Dict[PodPair, float]             # bytes/s, both directions together; > 0
+    stats: SampleStats = field(default_factory=SampleStats)
+    errors: List[str] = field(default_factory=list)   # what failed, a few lines at most
+
+
+class TrafficSource(abc.ABC):
+    """Something that can tell pod-pair byte rates since its previous sample."""
+
+    name = "source"
+
+    @abc.abstractmethod
+    def sample(self, pods: Mapping[str, PodProcess]) -> TrafficSample:
+        """Rates since the previous call, for ``pods`` (UID -> :class:`PodProcess`).
+        The first call has ``interval`` ``None`` and no rates."""
+
+    def close(self) -> None:
+        """Release what the source holds."""
+
+
+# --------------------------------------------------------------------- sock_diag source
+
+class _End:
+    """One pod socket in one sample."""
+
+    __slots__ = ("sock", "uid", "ns", "sent", "received", "matched")
+
+    def __init__(self, sock: TcpSocket, uid: str, ns: NetnsKey,
+                 sent: Optional[int], received: Optional[int]) -> None:
+        self.sock = sock
+        self.uid = uid
+        self.ns = ns
+        self.sent = sent              # bytes since the previous sample, None if unknown
+        self.received = received
+        self.matched = False
+
+
+class _NsState:
+    """What is remembered of a namespace between samples."""
+
+    __slots__ = ("opens", "since_dump", "shared", "tracked", "seen")
+
+    def __init__(self, opens: Optional[int], shared: bool) -> None:
+        self.opens = opens
+        self.since_dump = 0
+        self.shared = shared
+        self.tracked: Dict[bytes, Tuple[TcpSocket, str]] = {}   # cookie -> (socket, pod)
+        self.seen: Set[bytes] = set()                           # cookies at the last dump
+
+
+class _Group:
+    """The managed pods of one namespace, this sample."""
+
+    __slots__ = ("key", "pid", "uids", "host_network", "shared", "opens", "full")
+
+    def __init__(self, key: NetnsKey, pid: int) -> None:
+        self.key = key
+        self.pid = pid
+        self.uids: Dict[str, str] = {}      # lower-case UID -> UID as the caller spells it
+        self.host_network = False
+        self.shared = False
+        self.opens: Optional[int] = None
+        self.full = True
+
+
+def _key(local: bytes, remote: bytes, ns: NetnsKey) -> tuple:
+    # Loopback addresses only mean something inside one namespace.
+    return (local, remote, ns if is_loopback(local) else None)
+
+
+def _larger(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if a >= b else b
+
+
+class SockDiagSource(TrafficSource):
+    """Pod-pair rates from socket diagnostics (see the module docstring).
+
+    ``proc_root``: the host's /proc. ``host_pid``: a PID in the host's network namespace
+    (its conntrack table sees Service DNAT done by kube-proxy). ``conntrack``: look up
+    conntrack entries for sockets left unmatched. ``full_dump_every``: dump a namespace in
+    full at least every this many samples even if no connection was made there.
+    ``max_nat_lookups``: conntrack lookups per sample at most (the rest wait; each
+    connection is looked up once in its life).
+    """
+
+    name = "sock_diag"
+
+    def __init__(self, proc_root: str = "/proc", *, host_pid: int = 1, conntrack: bool = True,
+                 full_dump_every: int = 30, max_nat_lookups: int = 256, timeout: float = 30.0,
+                 socket_timeout: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+        if full_dump_every < 1:
+            raise ValueError("full_dump_every must be at least 1")
+        self.proc_root = proc_root
+        self.host_pid = int(host_pid)
+        self.conntrack = conntrack
+        self.full_dump_every = full_dump_every
+        self.max_nat_lookups = max_nat_lookups
+        self.timeout = timeout
+        self.socket_timeout = socket_timeout
+        self.clock = clock
+        self._ns: Dict[NetnsKey, _NsState] = {}
+        self._nat: Dict[Tuple[NetnsKey, bytes], Optional[sockdiag.Flow]] = {}
+        self._last_at: Optional[float] = None
+
+    def close(self) -> None:
+        self._ns.clear()
+        self._nat.clear()
+
+    # ------------------------------------------------------------------ one sample
+
+    def sample(self, pods: Mapping[str, PodProcess]) -> TrafficSample:
+        started = self.clock()
+        stats = SampleStats(pods=len(pods))
+        errors: List[str] = []
+
+        def fail(what: str) -> None:
+            stats.errors += 1
+            if len(errors) < _MAX_ERRORS_KEPT:
+                errors.append(what)
+
+        groups = self._groups(pods, stats)
+        stats.namespaces = len(groups)
+        try:
+            host_ns: Optional[NetnsKey] = sockdiag.netns_key(self.proc_root, self.host_pid)
+        except OSError:
+            host_ns = None
+        for g in groups.values():
+            g.shared = g.host_network or len(g.uids) > 1 or g.key == host_ns
+            prev = self._ns.get(g.key)
+            try:
+                g.opens = sockdiag.tcp_opens(self.proc_root, g.pid)
+            except OSError:
+                g.opens = None
+            g.full = (prev is None or g.opens is None or prev.opens != g.opens
+                      or prev.shared != g.shared or prev.since_dump + 1 >= self.full_dump_every)
+
+        # Read the namespaces: a dump, or exact lookups of what we follow, or nothing.
+        todo = [g for g in groups.values() if g.full or self._ns[g.key].tracked]
+        stats.idle = len(groups) - len(todo)
+        by_pid = {g.pid: g for g in todo}
+        read_keys = {g.key for g in todo}
+
+        def read(pid: int, key: NetnsKey) -> object:
+            g = by_pid[pid]
+            if key != g.key:
+                raise sockdiag.SockDiagError(errno.ESRCH, "PID changed namespace")
+            with sockdiag.DiagChannel(self.socket_timeout) as ch:
+                if g.full:
+                    return ch.dump(skip_loopback=not g.shared)
+                return ch.refresh([s for s, _ in self._ns[g.key].tracked.values()])
+
+        results: Dict[NetnsKey, object] = {}
+        if todo:
+            try:
+                for r in sockdiag.run_in_netns(self.proc_root, [g.pid for g in todo], read,
+                                               self.timeout):
+                    g = by_pid[r.pid]
+                    if r.error is not None:
+                        fail(f"pod {sorted(g.uids.values())[0]}: {r.error}")
+                    else:
+                        results[g.key] = r.value
+            except OSError as e:
+                fail(f"namespace helper: {e}")
+        now = self.clock()
+
+        # Counters, and what to remember for next time.
+        ends: List[_End] = []
+        states: Dict[NetnsKey, _NsState] = {}
+        for g in groups.values():
+            prev = self._ns.get(g.key)
+            if g.key in read_keys and g.key not in results:
+                continue                       # failed: a fresh start next time
+            st = _NsState(g.opens, g.shared)
+            states[g.key] = st
+            if g.key not in read_keys:         # idle: nothing followed, nothing new
+                st.since_dump = prev.since_dump + 1 if prev else 0
+                st.seen = prev.seen if prev else set()
+                continue
+            if g.full:
+                stats.full_dumps += 1
+                socks = results[g.key]
+                st.seen = {s.diag_id[40:48] for s in socks}      # type: ignore[union-attr]
+                owned = self._attribute(g, socks)                # type: ignore[arg-type]
+            else:
+                stats.refreshed += 1
+                st.since_dump = prev.since_dump + 1 if prev else 0
+                st.seen = prev.seen if prev else set()
+                owned = [(s, uid) for s, (_, uid) in zip(results[g.key], prev.tracked.values())  # type: ignore[union-attr,arg-type]
+                         if s is not None and s.bytes_acked >= 0]
+            for s, uid in owned:
+                cookie = s.diag_id[40:48]
+                st.tracked[cookie] = (s, uid)
+                sent = received = None
+                old = prev.tracked.get(cookie) if prev is not None else None
+                if old is not None:
+                    o = old[0]
+                    if s.bytes_acked >= o.bytes_acked and s.bytes_received >= o.bytes_received:
+                        sent = s.bytes_acked - o.bytes_acked
+                        received = s.bytes_received - o.bytes_received
+                elif prev is not None and cookie not in prev.seen and s.bytes_acked >= 0:
+                    sent, received = s.bytes_acked, s.bytes_received    # born since the last look
+                ends.append(_End(s, uid, g.key, sent, received))
+        stats.sockets = len(ends)
+        self._ns = states
+
+        connections = self._match(ends, groups, host_ns, stats, fail)
+        live = {(ns, c) for ns, st in states.items() for c in st.tracked}
+        self._nat = {k: v for k, v in self._nat.items() if k in live}
+
+        interval = None if self._last_at is None else now - self._last_at
+        self._last_at = now
+        rates: Dict[PodPair, float] = {}
+        if interval is not None and interval > 0:
+            for a, b in connections:
+                one = _larger(a.sent, b.received)
+                other = _larger(a.received, b.sent)
+                if one is None and other is None:
+                    continue
+                moved = (one or 0) + (other or 0)
+                if moved > 0:
+                    pair = pod_pair(a.uid, b.uid)
+                    rates[pair] = rates.get(pair, 0.0) + moved / interval
+        stats.seconds = self.clock() - started
+        return TrafficSample(now, interval, rates, stats, errors)
+
+    # ------------------------------------------------------------------ the steps
+
+    def _groups(self, pods: Mapping[str, PodProcess], stats: SampleStats) -> Dict[NetnsKey, _Group]:
+        groups: Dict[NetnsKey, _Group] = {}
+        for uid, proc in pods.items():
+            pid = proc.pid
+            if (not isinstance(uid, str) or not POD_UID_RE.fullmatch(uid)
+                    or not isinstance(pid, int) or pid <= 0):
+                stats.pods_skipped += 1
+                continue
+            try:
+                key = sockdiag.netns_key(self.proc_root, pid)
+                owner = sockdiag.pod_uid_of(self.proc_root, pid)
+            except OSError:
+                stats.pods_skipped += 1
+                continue
+            if owner is None or owner.lower() != uid.lower():
+                stats.pods_skipped += 1
+                continue
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = _Group(key, pid)
+            g.uids[uid.lower()] = uid
+            g.host_network = g.host_network or bool(proc.host_network)
+        return groups
+
+    def _attribute(self, g: _Group, socks: List[TcpSocket]) -> List[Tuple[TcpSocket, str]]:
+        """The sockets worth following in a freshly dumped namespace, with their pod."""
+        if not g.shared:
+            uid = next(iter(g.uids.values()))
+            # Both ends here: a connection inside the pod.
+            here = {s.local for s in socks}
+            return [(s, uid) for s in socks if s.remote not in here and s.bytes_acked >= 0]
+        owners: Dict[int, str] = {}
+        for pid in sockdiag.list_pids(self.proc_root):
+            try:
+                owner = sockdiag.pod_uid_of(self.proc_root, pid)
+                if owner is None or owner.lower() not in g.uids:
+                    continue
+                if sockdiag.netns_key(self.proc_root, pid) != g.key:
+                    continue
+            except OSError:
+                continue
+            uid = g.uids[owner.lower()]
+            for inode in sockdiag.socket_inodes(self.proc_root, pid):
+                owners.setdefault(inode, uid)
+        return [(s, owners[s.inode]) for s in socks
+                if s.inode and s.inode in owners and s.bytes_acked >= 0]
+
+    def _match(self, ends: List[_End], groups: Dict[NetnsKey, _Group], host_ns: Optional[NetnsKey],
+               stats: SampleStats, fail: Callable[[str], None]) -> List[Tuple[_End, _End]]:
+        by_tuple: Dict[tuple, List[_End]] = {}
+        for e in ends:
+            by_tuple.setdefault(_key(e.sock.local, e.sock.remote, e.ns), []).append(e)
+        connections: List[Tuple[_End, _End]] = []
+
+        def pair(a: _End, b: _End) -> bool:
+            a.matched = b.matched = True
+            if a.uid == b.uid:
+                return False                  # two sockets of one pod
+            connections.append((a, b))
+            return True
+
+        def only(cands: List[_End], e: _End, other_pod: bool = False) -> Optional[_End]:
+            found = [c for c in cands if c is not e and not c.matched
+                     and not (other_pod and c.uid == e.uid)]
+            if len(found) > 1:
+                stats.ambiguous += 1
+            return found[0] if len(found) == 1 else None
+
+        # 1. mirror images
+        for e in ends:
+            if not e.matched:
+                c = only(by_tuple.get(_key(e.sock.remote, e.sock.local, e.ns), []), e)
+                if c is not None:
+                    pair(e, c)
+
+        # 2. conntrack: what the other end sees
+        if self.conntrack:
+            self._lookup_nat([e for e in ends if not e.matched and not is_loopback(e.sock.remote)],
+                             groups, host_ns, stats, fail)
+            for e in ends:
+                if e.matched:
+                    continue
+                flow = self._nat.get((e.ns, e.sock.cookie))
+                if flow is None:
+                    continue
+                c = only(by_tuple.get(_key(flow[0], flow[1], e.ns), []), e, other_pod=True)
+                if c is not None and pair(e, c):
+                    stats.via_conntrack += 1
+
+        # 3. the server's view: someone whose remote is my local endpoint
+        by_remote: Dict[tuple, List[_End]] = {}
+        for e in ends:
+            if not e.matched:
+                by_remote.setdefault(_key(e.sock.remote, b"", e.ns), []).append(e)
+        for e in ends:
+            if e.matched:
+                continue
+            c = only(by_remote.get(_key(e.sock.local, b"", e.ns), []), e, other_pod=True)
+            if c is not None and pair(e, c):
+                stats.via_server_view += 1
+
+        stats.connections = len(connections)
+        return connections
+
+    def _lookup_nat(self, ends: List[_End], groups: Dict[NetnsKey, _Group], host_ns: Optional[NetnsKey],
+                    stats: SampleStats, fail: Callable[[str], None]) -> None:
+        """Conntrack lookups for sockets never looked up before: in their own namespace,
+        then (if not found) in the host's."""
+        pending = [e for e in ends if (e.ns, e.sock.cookie) not in self._nat][:self.max_nat_lookups]
+        if not pending:
+            return
+        found: Dict[Tuple[NetnsKey, bytes], Optional[sockdiag.Flow]] = {}
+        rounds: List[Tuple[Dict[NetnsKey, int], Callable[[_End], NetnsKey]]] = [
+            ({g.key: g.pid for g in groups.values()}, lambda e: e.ns)]
+        if host_ns is not None:
+            rounds.append(({host_ns: self.host_pid}, lambda e: host_ns))   # type: ignore[misc]
+        for pids, where in rounds:
+            todo: Dict[NetnsKey, List[_End]] = {}
+            for e in pending:
+                if (found.get((e.ns, e.sock.cookie)) is None and where(e) in pids
+                        and (where(e) == e.ns or e.ns != host_ns)):
+                    todo.setdefault(where(e), []).append(e)
+            if not todo:
+                continue
+            keyed = {pids[k]: k for k in todo}
+
+            def look(pid: int, key: NetnsKey) -> Dict[bytes, Optional[sockdiag.Flow]]:
+                out: Dict[bytes, Optional[sockdiag.Flow]] = {}
+                with sockdiag.ConntrackChannel(self.socket_timeout) as ct:
+                    for e in todo[keyed[pid]]:
+                        stats.nat_lookups += 1
+                        flows = ct.lookup(e.sock.local, e.sock.remote)
+                        out[e.sock.cookie] = (None if flows is None else
+                                              sockdiag.peer_flow(e.sock.local, e.sock.remote, *flows))
+                return out
+            try:
+                results = sockdiag.run_in_netns(self.proc_root, list(keyed), look, self.timeout)
+            except OSError as e:
+                fail(f"conntrack helper: {e}")
+                continue
+            for r in results:
+                key = keyed[r.pid]
+                if r.error is not None or r.netns != key:
+                    fail(f"conntrack in namespace of PID {r.pid}: {r.error or 'namespace changed'}")
+                    continue
+                for e in todo[key]:
+                    flow = r.value.get(e.sock.cookie)          # type: ignore[union-attr]
+                    # A flow equal to the socket's own view is no news.
+                    if flow is not None and flow != (e.sock.remote, e.sock.local):
+                        found[(e.ns, e.sock.cookie)] = flow
+        for e in pending:
+            self._nat[(e.ns, e.sock.cookie)] = found.get((e.ns, e.sock.cookie))
+
+
+# ------------------------------------------------------------------------- observer
+
+class TrafficObserver:
+    """Samples a :class:`TrafficSource` and keeps an exponentially weighted moving average
+    of each pod pair's rate (``half_life`` seconds: a pair that stops talking loses half
+    its weight in that time). Pairs under ``min_weight`` bytes/s, or with a pod no longer
+    managed, are dropped."""
+
+    def __init__(self, source: Optional[TrafficSource] = None, *, proc_root: str = "/proc",
+                 half_life: float = 60.0, min_weight: float = 1.0) -> None:
+        if half_life <= 0:
+            raise ValueError("half_life must be positive")
+        self.source = source if source is not None else SockDiagSource(proc_root)
+        self.half_life = half_life
+        self.min_weight = min_weight
+        self._weights: Dict[PodPair, float] = {}
+        self.last: Optional[TrafficSample] = None
+
+    def sample(self, pods: Mapping[str, PodProcess]) -> TrafficSample:
+        s = self.source.sample(pods)
+        self.last = s
+        if s.interval is not None and s.interval > 0:
+            alpha = 1.0 - 0.5 ** (s.interval / self.half_life)
+            weights: Dict[PodPair, float] = {}
+            for pair in set(self._weights) | set(s.rates):
+                if pair[0] not in pods or pair[1] not in pods:
+                    continue
+                old = self._weights.get(pair)
+                new = s.rates.get(pair, 0.0)
+                w = new if old is None else old + alpha * (new - old)
+                if w >= self.min_weight:
+                    weights[pair] = w
+            self._weights = weights
+        return s
+
+    def rates(self) -> Dict[PodPair, float]:
+        """The last sample's rates (bytes/s)."""
+        return dict(self.last.rates) if self.last is not None else {}
+
+    def weights(self) -> Dict[PodPair, float]:
+        """Smoothed rates (bytes/s) per pod pair."""
+        return dict(self._weights)
+
+    def close(self) -> None:
+        self.source.close()
