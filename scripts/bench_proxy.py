@@ -491,22 +491,11 @@ def size_label(n: int) -> str:
 
 
 def service_links(total_bytes: int, salt: str) -> List[Any]:
-    """Env the way the kubelet writes service links (7 variables per Service), until the
-    keys and values hold ``total_bytes`` (as tests/e2e/test_large_creates_e2e.py)."""
+    """Env the way the kubelet writes service links, ``total_bytes`` of it."""
     from cri_api.v1 import api_pb2 as pb
-    envs: List[Any] = []
-    size, k = 0, 0
-    while size < total_bytes:
-        name = f"{salt}_BACKEND_{k:05d}"
-        ip = f"10.{(k >> 16) & 255}.{(k >> 8) & 255}.{k & 255}"
-        for key, value in ((f"{name}_SERVICE_HOST", ip), (f"{name}_SERVICE_PORT", "8080"),
-                           (f"{name}_PORT", f"tcp://{ip}:8080"), (f"{name}_PORT_8080_TCP", f"tcp://{ip}:8080"),
-                           (f"{name}_PORT_8080_TCP_PROTO", "tcp"), (f"{name}_PORT_8080_TCP_PORT", "8080"),
-                           (f"{name}_PORT_8080_TCP_ADDR", ip)):
-            envs.append(pb.KeyValue(key=key, value=value))
-            size += len(key) + len(value)
-        k += 1
-    return envs
+
+    from anolisnuma.testing.kubelet_env import service_link_env
+    return [pb.KeyValue(key=k, value=v) for k, v in service_link_env(total_bytes, salt)]
 
 
 def rss_of(p: ProxyProc) -> int:

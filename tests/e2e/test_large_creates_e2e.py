@@ -38,6 +38,7 @@ from anolisnuma.config import Config
 from anolisnuma.daemon import build_hooks
 from anolisnuma.hooks.numa import NumaHook
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
+from anolisnuma.testing.kubelet_env import service_link_env
 from anolisnuma.testing.goclient import build_gocri, run_gocri
 from anolisnuma.testing.proxy import InProcessProxy, config_dict
 
@@ -54,21 +55,8 @@ PODS = 8                          # sandboxes per test; containers are spread ov
 # ------------------------------------------------------------------------------ helpers
 
 def service_links(total_bytes: int, salt: str) -> List[Any]:
-    """Env the way the kubelet writes service links (7 variables per Service), until the
-    keys and values hold ``total_bytes``."""
-    envs: List[Any] = []
-    size, k = 0, 0
-    while size < total_bytes:
-        name = f"{salt}_BACKEND_{k:05d}"
-        ip = f"10.{(k >> 16) & 255}.{(k >> 8) & 255}.{k & 255}"
-        for key, value in ((f"{name}_SERVICE_HOST", ip), (f"{name}_SERVICE_PORT", "8080"),
-                           (f"{name}_PORT", f"tcp://{ip}:8080"), (f"{name}_PORT_8080_TCP", f"tcp://{ip}:8080"),
-                           (f"{name}_PORT_8080_TCP_PROTO", "tcp"), (f"{name}_PORT_8080_TCP_PORT", "8080"),
-                           (f"{name}_PORT_8080_TCP_ADDR", ip)):
-            envs.append(pb.KeyValue(key=key, value=value))
-            size += len(key) + len(value)
-        k += 1
-    return envs
+    """Env the way the kubelet writes service links, ``total_bytes`` of it."""
+    return [pb.KeyValue(key=k, value=v) for k, v in service_link_env(total_bytes, salt)]
 
 
 def numa_config(base: str, backend: str, server: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

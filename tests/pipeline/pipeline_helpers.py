@@ -11,17 +11,7 @@ import pytest
 pb = pytest.importorskip("cri_api.v1.api_pb2")
 pb_grpc = pytest.importorskip("cri_api.v1.api_pb2_grpc")
 
-MIB = 1 << 20
-# Both peers behave like the real ones (grpc-go: the kubelet and containerd): 16 KiB frames,
-# 64 KiB initial windows, no window auto-tuning by BDP probing.
-GO_LIKE_SERVER = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65535)]
-CLIENT_OPTIONS = [
-    ("grpc.max_receive_message_length", 16 * MIB),
-    ("grpc.max_send_message_length", 16 * MIB),
-    ("grpc.enable_retries", 0),
-    ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.max_frame_size", 16384),
-]
+from anolisnuma.testing.channel_options import CLIENT_OPTIONS, GO_LIKE_SERVER, MIB  # noqa: F401 (re-exported)
 
 
 def sandbox_config(name: str = "web-0", namespace: str = "shop", uid: Optional[str] = None,

@@ -23,6 +23,7 @@ from anolisnuma.pipeline.hooks import CREATE_CONTAINER, Call, Hook
 from anolisnuma.testing.channel_options import CLIENT_OPTIONS, GO_LIKE_SERVER, MIB
 from anolisnuma.testing.fake_cri import FakeCri, runtime_path
 from anolisnuma.testing.goclient import build_gocri, run_gocri
+from anolisnuma.testing.kubelet_env import service_link_env
 from anolisnuma.testing.proxy import InProcessProxy, make_config
 
 cri = pytest.importorskip("cri_api.v1.api_pb2")
@@ -57,9 +58,7 @@ class PinHook(Hook):
 
 def create_body(i: int, env_bytes: int) -> bytes:
     """A kubelet-like CreateContainerRequest carrying ``env_bytes`` of env (service links)."""
-    per_var = 200
-    envs = [cri.KeyValue(key=f"SVC_{v}_SERVICE_HOST", value=f"{i:04d}-" + "x" * (per_var - 30))
-            for v in range(max(1, env_bytes // per_var))]
+    envs = [cri.KeyValue(key=k, value=v) for k, v in service_link_env(env_bytes, f"C{i}")]
     return cri.CreateContainerRequest(
         pod_sandbox_id=f"{i:064d}",
         config=cri.ContainerConfig(metadata=cri.ContainerMetadata(name=f"app-{i}"), envs=envs,
