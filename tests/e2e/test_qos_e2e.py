@@ -261,7 +261,9 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
         assert not os.path.exists(fk.cgroup.file(late["crel"], "tasks"))
         assert str(late["pid"]) not in fk.resctrl.tasks("anolisnuma-high")
         assert _lines(p, "container cgroup not found after start; knobs not written", pod=f"{NS}/{LATE}")
-        fk.cgroup.make_dir(late["cgroups_path"].lstrip("/"), _real_tids(late["cgroups_path"]))
+        late_tids = _real_tids(late["cgroups_path"])
+        assert late["pid"] in late_tids, f"the late container's process left its cgroup: {late_tids}"
+        fk.cgroup.make_dir(late["cgroups_path"].lstrip("/"), late_tids)
         counts = hook.run_once()
         assert counts.pods == len(LEVEL_PODS) and counts.errors == 0 and counts.forgotten == 0
         assert counts.tasks_moved >= 1
