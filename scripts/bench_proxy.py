@@ -180,6 +180,8 @@ class ProxyProc:
             "paths": {"state_dir": os.path.join(self.dir, "state")},
             "qos": {"enabled": False},
             "numa": {"enabled": False},
+            # several proxies run at once: none takes the node's admin socket
+            "admin": {"socket": ""},
         }
         if self.numa_nodes:
             from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
