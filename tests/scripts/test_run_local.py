@@ -37,8 +37,9 @@ def test_sigterm_stops_the_proxy_and_the_private_containerd(sockdir, tmp_path):
                ANOLISNUMA_BIN_DIR=str(tmp_path / "bin"), ANOLISNUMA_ENDPOINT=f"{sockdir}/nobody.sock",
                ANOLISNUMA_LOG_FILE=str(tmp_path / "local.log"),
                ANOLISNUMA_PRIVATE_CONTAINERD_BASE=base, ANOLISNUMA_PRIVATE_CONTAINERD_RUN=run)
+    # its own process group: if the test fails, everything the script started is killed
     script = subprocess.Popen(["bash", SCRIPT], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_for_socket(f"{sockdir}/local.sock", timeout=120, alive=lambda: script.poll() is None)
         assert os.path.islink(tmp_path / "bin" / "anolisnuma")  # on PATH where asked
@@ -49,7 +50,7 @@ def test_sigterm_stops_the_proxy_and_the_private_containerd(sockdir, tmp_path):
         assert script.wait(timeout=60) == 143
     finally:
         if script.poll() is None:
-            script.kill()
+            os.killpg(script.pid, signal.SIGKILL)
             subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
     deadline = time.monotonic() + 10
     while (_processes_mentioning(config) or _processes_mentioning(base)) and time.monotonic() < deadline:
