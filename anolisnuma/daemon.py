@@ -99,6 +99,7 @@ class Daemon:
         self._stop: Optional[asyncio.Event] = None
         self._resync_task: Optional[asyncio.Task] = None
         self._background: List[object] = []
+        self.affinity: Optional[object] = None   # the traffic-affinity controller, when running
         self.resynced = False
         self.ready = False
         self.exit_code = 0
@@ -216,9 +217,33 @@ class Daemon:
                     await loop.run_in_executor(self.executor, repinner.run_once)
                     repinner.start()
                     self._background.append(repinner)
+                    # --- traffic affinity (issue 9): live moves through the re-pinner ---
+                    affinity = getattr(getattr(hook, "config", None), "affinity", None)
+                    if affinity is not None and affinity.enabled:
+                        self._start_affinity(hook, repinner)
             self.resynced = True
         finally:
             client.close()
+
+    def _start_affinity(self, hook: Hook, repinner: CpusetRepinner) -> None:
+        """Start the traffic-affinity controller for the NUMA hook (``[numa.affinity]``)."""
+        from anolisnuma.reconcile.affinity import AffinityController, ContainerPids
+        from anolisnuma.system.traffic import TrafficObserver
+
+        try:
+            observer = TrafficObserver(proc_root=self.config.paths.proc_root)
+        except Exception as e:
+            log.error("traffic affinity cannot start; pods are not moved", error=repr(e))
+            return
+        pids = ContainerPids(CriClient(self.config.runtime.endpoint, self.config.runtime.max_message_bytes,
+                                       timeout_seconds=10.0), proc_root=self.config.paths.proc_root)
+        controller = AffinityController(hook, observer, pids, getattr(hook, "config").affinity,
+                                        apply=repinner.run_once)
+        controller.start()
+        self._background.append(controller)
+        self.affinity = controller   # counters for the admin status / metrics
+        log.info("traffic affinity started", interval_seconds=controller.interval,
+                 threshold_bytes_per_second=controller.config.threshold_bytes_per_second)
 
     async def _shutdown(self, server: asyncio.AbstractServer) -> None:
         grace = self.config.server.shutdown_grace_seconds

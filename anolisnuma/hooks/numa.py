@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Dict, List, Optional, Set, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import structlog
 import yaml
@@ -33,7 +34,8 @@ from anolisnuma.config import PathsConfig
 from anolisnuma.pipeline.hooks import (
     CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX, RUN_POD_SANDBOX, STOP_POD_SANDBOX,
     UPDATE_CONTAINER_RESOURCES, Call, Hook)
-from anolisnuma.policies.numa.balance import NoPlacement, Placement, PodRequest, balance, millicpu_of, pin
+from anolisnuma.policies.numa.balance import (
+    NoPlacement, Placement, PodRequest, balance, free_capacity, millicpu_of, node_capacity, pin)
 from anolisnuma.policies.numa.config import NumaConfig
 from anolisnuma.policies.numa.cpu_manager import CpuManagerStateError, KubeletCpuState
 from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError
@@ -43,6 +45,7 @@ from anolisnuma.policies.numa.selection import PodSelector, Selection
 from anolisnuma.policies.numa.topology import NumaTopology
 from anolisnuma.state.numa_state import NumaStateFile
 from anolisnuma.state.records import ContainerRecord, PodRecord
+from anolisnuma.system.cgroups import CgroupFs, enable_memory_migrate
 from anolisnuma.system.kubelet_state import CpuManagerStateFile, Poller
 from anolisnuma.system.sysfs_topology import read_sysfs_topology
 
@@ -115,6 +118,19 @@ def _parse_cpus(text: str) -> Optional[CpuSet]:
         return None
 
 
+@dataclass
+class _MoveInFlight:
+    """A live move (``move_pod``) whose re-pins are not all applied yet: what to go back to
+    when one fails, and the containers already re-pinned."""
+
+    nodes: Tuple[int, ...]
+    home: CpuSet
+    mems: CpuSet
+    source: str
+    reason: str
+    applied: Set[str] = field(default_factory=set)
+
+
 class NumaHook(Hook):
     """Balanced NUMA pinning for managed pods, coexisting with the kubelet's CPU manager.
 
@@ -140,6 +156,7 @@ class NumaHook(Hook):
         self._refresh_kubelet()
         self._state = NumaStateFile(paths.state_dir)
         self._pending_updates: Dict[str, Tuple[CpuSet, CpuSet]] = {}
+        self._moves: Dict[str, _MoveInFlight] = {}   # live moves being applied, by pod uid
         # Pods and containers that passed through before the start-up resync: it works from
         # a containerd listing taken earlier, so these are newer than it and never dropped.
         self._resynced = False
@@ -241,9 +258,143 @@ class NumaHook(Hook):
         with self._lock:
             return [(cid, str(c), str(m)) for cid, (c, m) in sorted(self._pending_updates.items())]
 
-    def mark_applied(self, container_id: str) -> None:
+    def mark_applied(self, container_id: str, cpus: Optional[str] = None, mems: Optional[str] = None) -> None:
+        """The reconciler applied a pending update. With ``cpus``/``mems`` (what it sent),
+        an update that changed meanwhile (a move decided during the call) stays pending."""
         with self._lock:
+            if cpus is not None:
+                now = self._pending_updates.get(container_id)
+                if now is not None and (str(now[0]), str(now[1])) != (cpus, mems if mems is not None else str(now[1])):
+                    return
             self._pending_updates.pop(container_id, None)
+            alloc = self.ledger.by_container(container_id)
+            if alloc is not None and alloc.pod_uid in self._moves:
+                self._moves[alloc.pod_uid].applied.add(container_id)
+                self._move_progress(alloc)
+
+    def apply_failed(self, container_id: str, error: str = "") -> bool:
+        """The reconciler could not apply a container's pending cpuset. When the container
+        belongs to a live move (``move_pod``), the move is rolled back: the pod's allocation
+        goes back where it was (persisted), containers already re-pinned are listed to be
+        re-pinned back, the others are no longer pending. True when a move was rolled back
+        (other failures stay pending and are retried)."""
+        with self._lock:
+            alloc = self.ledger.by_container(container_id)
+            if alloc is None or alloc.pod_uid not in self._moves:
+                return False
+            mv = self._moves.pop(alloc.pod_uid)
+            new_nodes = alloc.nodes
+            self.ledger.move(alloc.pod_uid, Placement(nodes=mv.nodes, home=mv.home, cpus=mv.home & self.ledger.pool,
+                                                       mems=mv.mems), source=mv.source)
+            want = alloc.cpus(self.ledger.pool)
+            for cid in alloc.containers:
+                if cid in mv.applied and want:
+                    self._pending_updates[cid] = (want, alloc.mems)
+                else:
+                    self._pending_updates.pop(cid, None)
+            self._save()
+        log.warning("live NUMA move failed; pod rolled back", pod=alloc.ref, pod_uid=alloc.pod_uid,
+                    from_nodes=list(new_nodes), back_to=list(mv.nodes), container_id=container_id,
+                    error=error or None, repin_back=sorted(mv.applied) or None)
+        return True
+
+    def moves_in_flight(self) -> List[str]:
+        """Pods whose live move is not fully applied yet."""
+        with self._lock:
+            return sorted(self._moves)
+
+    def _move_progress(self, alloc: Allocation) -> None:
+        if any(cid in self._pending_updates for cid in alloc.containers):
+            return
+        mv = self._moves.pop(alloc.pod_uid, None)
+        if mv is not None:
+            log.info("live NUMA move applied", pod=alloc.ref, pod_uid=alloc.pod_uid, from_nodes=list(mv.nodes),
+                     to_nodes=list(alloc.nodes), cpus=str(alloc.cpus(self.ledger.pool)), mems=str(alloc.mems),
+                     reason=mv.reason)
+
+    # ================================================================== live moves
+    def move_pod(self, pod_uid: str, nodes: Sequence[int], reason: str = "") -> bool:
+        """Move a running managed pod onto ``nodes`` (traffic affinity): under the lock,
+        check it may move and fits, move its allocation, persist, and list every container
+        of the pod for the reconciler to re-pin (``pending_updates``) with the new
+        ``cpuset_cpus`` and ``cpuset_mems``. On cgroup v1, ``cpuset.memory_migrate`` is set in
+        the containers' cpuset cgroups first, so that their memory follows the new mems.
+
+        Refused (False, with a log line) when the pod is unknown, pinned by a rule, has
+        kubelet-exclusive CPUs, has no container, is being moved already, is already there,
+        or the target nodes lack shared CPUs or free capacity for its demand. A re-pin that
+        fails later rolls the move back (:meth:`apply_failed`).
+        """
+        target = tuple(sorted(set(int(n) for n in nodes)))
+        if not self.config.enabled or not target:
+            return False
+        self._refresh_kubelet()
+        with self._lock:
+            alloc = self.ledger.get(pod_uid)
+            why = self._why_not_movable(pod_uid, alloc, target)
+            if why is not None or alloc is None:
+                log.info("live NUMA move refused", pod=alloc.ref if alloc else None, pod_uid=pod_uid,
+                         to_nodes=list(target), why=why, reason=reason or None)
+                return False
+            pool = self.ledger.pool
+            request = PodRequest(alloc.demand_millicpu(), alloc.demand_memory())
+            old = _MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source, reason)
+            self.ledger.remove(pod_uid)
+            try:
+                loads = self.ledger.loads()
+                cap = node_capacity(self.topology, pool)
+                free = free_capacity(self.topology, pool, loads)
+                room = sum(free.get(n, 0) for n in target)
+                if any(cap.get(n, 0) <= 0 for n in target):
+                    why = "a target node has no CPU in the shared pool"
+                elif room < max(request.millicpu, 1):
+                    why = f"not enough free capacity ({room / 1000:g} CPUs free, {request.millicpu / 1000:g} needed)"
+                placement = None if why else pin(self.topology, pool, loads, target, request,
+                                                   memory_pinning=self.config.memory_pinning, reason=reason)
+            except NoPlacement as e:
+                why, placement = str(e), None
+            finally:
+                self.ledger.add(alloc)
+            if placement is None:
+                log.info("live NUMA move refused", pod=alloc.ref, pod_uid=pod_uid, to_nodes=list(target), why=why,
+                         reason=reason or None)
+                return False
+            if placement.mems and placement.mems != alloc.mems:
+                problems = enable_memory_migrate(CgroupFs(self.paths.cgroup_root), pod_uid, sorted(alloc.containers))
+                for problem in problems:
+                    log.warning("cannot make memory follow a live NUMA move; pages stay where they are",
+                                pod=alloc.ref, problem=problem)
+            self.ledger.move(pod_uid, placement, source="affinity")
+            want = alloc.cpus(pool)
+            for cid in alloc.containers:
+                self._pending_updates[cid] = (want, alloc.mems)
+            self._moves[pod_uid] = old
+            self._save()
+        log.info("live NUMA move decided", pod=alloc.ref, pod_uid=pod_uid, from_nodes=list(old.nodes),
+                 to_nodes=list(target), cpus=str(want), mems=str(alloc.mems), containers=len(alloc.containers),
+                 reason=reason or None)
+        return True
+
+    def _why_not_movable(self, pod_uid: str, alloc: Optional[Allocation], target: Tuple[int, ...]) -> Optional[str]:
+        if alloc is None:
+            return "not a placed pod"
+        if self.rule_pinned(alloc):
+            return "pinned by a placement rule"
+        if self._kubelet.has_exclusive(pod_uid):
+            return "has kubelet-exclusive CPUs"
+        if not alloc.containers:
+            return "no running container"
+        if pod_uid in self._moves:
+            return "a move of this pod is still being applied"
+        if any(not self.topology.has_node(n) for n in target):
+            return "no such NUMA node"
+        if tuple(alloc.nodes) == target:
+            return "already there"
+        return None
+
+    def rule_pinned(self, alloc: Allocation) -> bool:
+        """Whether a placement rule pins this pod (it never moves)."""
+        return alloc.source == "rule" or self._selector.select(alloc.namespace, alloc.name, {}, {}).rule is not None
 
     # ================================================================== CreateContainer
     def _pod_of(self, call: Call) -> Optional[PodRecord]:
@@ -501,6 +652,8 @@ class NumaHook(Hook):
             self._pending_updates.pop(cid, None)
             if alloc is None:
                 return
+            if alloc.pod_uid in self._moves:
+                self._move_progress(alloc)
             self._save()
         call.notes["numa"] = f"released the container's share of {_where(alloc.nodes)}"
 
@@ -524,6 +677,7 @@ class NumaHook(Hook):
 
     def _forget(self, alloc: Allocation) -> None:
         self.ledger.remove(alloc.pod_uid)
+        self._moves.pop(alloc.pod_uid, None)
         for cid in alloc.containers:
             self._pending_updates.pop(cid, None)
 

@@ -3,7 +3,11 @@
 Containers adopted at start-up without our pinning, or whose edited CreateContainer never
 reached containerd, are listed by ``NumaHook.pending_updates()``; this loop sends each an
 UpdateContainerResources with the cpuset the placement wants (the other resources are
-left as they are: containerd only changes the fields that are set).
+left as they are: containerd only changes the fields that are set). Live moves
+(``NumaHook.move_pod``, traffic affinity) are applied the same way; a move whose re-pin
+fails is rolled back by the hook (``apply_failed``), other failures are retried.
+``run_once`` may be called from another thread (the affinity controller applies its moves
+at once): passes are serialized.
 """
 
 from __future__ import annotations
@@ -23,25 +27,40 @@ class CpusetRepinner:
         self.interval = interval_seconds
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._pass = threading.Lock()
         self.runs = 0       # passes made; placements applied and refused, summed (metrics)
         self.applied_total = 0
         self.failed_total = 0
 
     def run_once(self) -> int:
         """Apply every pending placement; returns how many were applied."""
+        with self._pass:
+            return self._run_once()
+
+    def _run_once(self) -> int:
         from cri_proto import api_pb2
 
         applied = 0
-        for container_id, cpus, mems in self.hook.pending_updates():
+        todo = list(self.hook.pending_updates())
+        failed_now = set()
+        while todo:
+            container_id, cpus, mems = todo.pop(0)
             res = api_pb2.LinuxContainerResources(cpuset_cpus=cpus, cpuset_mems=mems)
             try:
                 self.client.update_container_resources(container_id, res)
             except Exception as e:  # gone, or containerd down: try again next round
                 self.failed_total += 1
+                error = str(e).splitlines()[0][:300] if str(e) else repr(e)
                 log.warning("cannot apply NUMA placement", container_id=container_id, cpus=cpus,
-                            mems=mems, error=str(e).splitlines()[0][:300] if str(e) else repr(e))
+                            mems=mems, error=error)
+                failed_now.add(container_id)
+                rollback = getattr(self.hook, "apply_failed", None)
+                if rollback is not None and rollback(container_id, error):
+                    # a live move was rolled back: its other containers are no longer to be
+                    # moved, and those already moved are to be moved back
+                    todo = [u for u in self.hook.pending_updates() if u[0] not in failed_now]
                 continue
-            self.hook.mark_applied(container_id)
+            self.hook.mark_applied(container_id, cpus, mems)
             applied += 1
             log.info("NUMA placement applied to a running container", container_id=container_id,
                      cpus=cpus, mems=mems)

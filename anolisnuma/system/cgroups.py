@@ -391,3 +391,39 @@ class CgroupFs:
             else:
                 raise
         return text.split()
+
+
+# ---------------------------------------------------------------------------- memory migration
+MEMORY_MIGRATE = "cpuset.memory_migrate"
+
+
+def enable_memory_migrate(fs: CgroupFs, pod_uid: str, container_ids: List[str]) -> List[str]:
+    """cgroup v1: write ``1`` to ``cpuset.memory_migrate`` in the cpuset cgroup of each of
+    the pod's containers, so that the kernel moves their pages when ``cpuset.mems`` changes
+    next (the v1 default is 0: pages stay where they are). Paths are built from the
+    validated pod UID and container IDs under ``fs.root`` only. Returns the problems (one
+    line each); a container whose cgroup cannot be written is skipped.
+
+    cgroup v2 has no such file: since Linux 5.15 every v2 cpuset migrates memory when its
+    ``cpuset.mems`` changes; before 5.15 v2 never did. Nothing to write: returns ``[]``.
+    """
+    if fs.version == 2:
+        return []
+    try:
+        pc = fs.locate_pod(pod_uid)
+    except InvalidCgroupPath as e:
+        return [str(e)]
+    if pc is None:
+        return [f"no cgroup found for pod {preview(pod_uid)} under {fs.root}"]
+    problems: List[str] = []
+    for cid in container_ids:
+        try:
+            path = os.path.join(fs.dir("cpuset", pc.container_rel(cid)), MEMORY_MIGRATE)
+        except InvalidCgroupPath as e:
+            problems.append(str(e))
+            continue
+        try:
+            write_text(path, "1")
+        except HostFileError as e:
+            problems.append(str(e))
+    return problems

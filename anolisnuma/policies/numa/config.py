@@ -14,6 +14,16 @@ poll_interval_seconds = 1.0          # how often cpu_manager_state and rules_dir
 namespace = "default"                # pattern, default "*"
 name = "web-*"                       # pattern, required
 nodes = [2, 3]                       # NUMA node ids, required
+
+[numa.affinity]                      # move pods that talk to each other onto one node
+enabled = false                      # live moves of running pods: opt in
+interval_seconds = 10.0              # how often traffic is sampled and moves are planned
+threshold_bytes_per_second = 1000000 # a pod pair is affine at or above this smoothed rate
+confirm_samples = 3                  # ... in each of this many samples in a row
+half_life_seconds = 30.0             # EWMA half-life of a pair's rate
+max_moves_per_interval = 2           # pods moved per interval, at most
+cooldown_seconds = 300.0             # a moved pod stays put at least this long
+min_improvement = 0.2                # a plan must cut this share of its pairs' distance cost
 ```
 """
 
@@ -31,6 +41,35 @@ MAX_NODE_ID = 1023   # the kernel's MAX_NUMNODES is at most 1024
 
 
 @dataclass
+class AffinityConfig:
+    """``[numa.affinity]``: traffic affinity (docs/numa.md, "Traffic affinity")."""
+
+    enabled: bool = False
+    interval_seconds: float = 10.0
+    threshold_bytes_per_second: float = 1_000_000.0
+    confirm_samples: int = 3
+    half_life_seconds: float = 30.0
+    max_moves_per_interval: int = 2
+    cooldown_seconds: float = 300.0
+    min_improvement: float = 0.2
+
+    @classmethod
+    def from_table(cls, t: Table) -> "AffinityConfig":
+        cfg = cls(
+            enabled=t.bool("enabled", False),
+            interval_seconds=t.float("interval_seconds", 10.0, min=0.1, max=3600),
+            threshold_bytes_per_second=t.float("threshold_bytes_per_second", 1_000_000.0, min=1.0, max=1e12),
+            confirm_samples=t.int("confirm_samples", 3, min=1, max=100),
+            half_life_seconds=t.float("half_life_seconds", 30.0, min=0.1, max=86400),
+            max_moves_per_interval=t.int("max_moves_per_interval", 2, min=1, max=1000),
+            cooldown_seconds=t.float("cooldown_seconds", 300.0, min=0, max=86400 * 7),
+            min_improvement=t.float("min_improvement", 0.2, min=0.0, max=1.0),
+        )
+        t.finish()
+        return cfg
+
+
+@dataclass
 class NumaConfig:
     enabled: bool = False
     namespaces: List[str] = field(default_factory=list)
@@ -40,6 +79,7 @@ class NumaConfig:
     memory_pinning: str = MEMORY_WIDEN
     poll_interval_seconds: float = 1.0
     pins: Tuple[PinSpec, ...] = ()
+    affinity: AffinityConfig = field(default_factory=AffinityConfig)
 
     def effective_node_name(self) -> str:
         """``node_name``, or this host's name (lower case, as Kubernetes names nodes)."""
@@ -66,6 +106,7 @@ class NumaConfig:
             memory_pinning=t.str("memory_pinning", MEMORY_WIDEN, choices=MEMORY_POLICIES),
             poll_interval_seconds=t.float("poll_interval_seconds", 1.0, min=0.05, max=3600),
             pins=_pins(t),
+            affinity=AffinityConfig.from_table(t.table("affinity")),
         )
         t.finish()
         return cfg

@@ -1,0 +1,201 @@
+"""Traffic affinity, live: move pods that talk to each other onto one NUMA node.
+
+Every ``interval_seconds``, :class:`AffinityController`:
+
+1. lists the managed pods from the NUMA ledger and one PID per pod (a container's
+   ``info.pid`` from containerd's verbose ContainerStatus, cached per container);
+2. samples the :class:`~anolisnuma.system.traffic.TrafficObserver` (pod-pair bytes/s since
+   the previous sample) and folds the **raw** rates into an
+   :class:`~anolisnuma.policies.numa.affinity.AffinityGraph` (the one place rates are
+   smoothed and confirmed);
+3. calls :func:`~anolisnuma.policies.numa.affinity.plan_moves` with where every pod is, the
+   free shared-pool capacity per node and the configured constraints (threshold, cap,
+   cool-down, minimum improvement);
+4. applies each move with ``NumaHook.move_pod`` (capacity, exclusive CPUs and rule pins
+   are checked again under the hook's lock; the ledger is persisted, so a move survives a
+   restart), then has the re-pinner apply them at once; a re-pin that fails rolls the move
+   back (``NumaHook.apply_failed``).
+
+Each move is logged (which pair, bytes/s, from which node to which, why) and counted in
+:attr:`AffinityController.counters` (``samples``, ``moves``, ``moves_refused``,
+``moves_rolled_back``, ``errors``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import structlog
+
+from anolisnuma.pipeline.metrics import Counters
+from anolisnuma.policies.numa.affinity import AffinityGraph, Move, MoveConstraints, PodPlacement, free_millicpu, plan_moves
+from anolisnuma.policies.numa.config import AffinityConfig
+from anolisnuma.system.traffic import PodProcess, TrafficObserver
+
+log = structlog.get_logger("anolisnuma.numa.affinity")
+
+
+class ContainerPids:
+    """A PID per container from containerd's verbose ContainerStatus (``info.pid``),
+    cached; a cached PID whose ``/proc/<pid>`` is gone is asked again."""
+
+    def __init__(self, client: Any, proc_root: str = "/proc") -> None:
+        self.client = client
+        self.proc_root = proc_root
+        self._cache: Dict[str, int] = {}
+
+    def pid(self, container_id: str) -> Optional[int]:
+        pid = self._cache.get(container_id)
+        if pid is not None and os.path.exists(os.path.join(self.proc_root, str(pid))):
+            return pid
+        self._cache.pop(container_id, None)
+        try:
+            _, info = self.client.container_status(container_id, verbose=True)
+        except Exception as e:
+            log.debug("no PID for a container", container_id=container_id, error=str(e).splitlines()[0][:200])
+            return None
+        pid = info.get("pid") if isinstance(info, dict) else None
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return None
+        self._cache[container_id] = pid
+        return pid
+
+    def keep(self, container_ids: Iterable[str]) -> None:
+        """Forget the containers that are not in ``container_ids``."""
+        live = set(container_ids)
+        for cid in [c for c in self._cache if c not in live]:
+            del self._cache[cid]
+
+    def close(self) -> None:
+        close = getattr(self.client, "close", None)
+        if close is not None:
+            close()
+
+
+class AffinityController:
+    """``AffinityController(hook, observer, pids, config, apply=None)``: ``hook`` is the
+    NumaHook, ``pids`` something with ``pid(container_id)`` (:class:`ContainerPids`),
+    ``apply`` a callable that applies the hook's pending re-pins now (the re-pinner's
+    ``run_once``); without it they wait for the re-pinner's next pass."""
+
+    def __init__(self, hook: Any, observer: TrafficObserver, pids: Any, config: AffinityConfig,
+                 apply: Optional[Callable[[], Any]] = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.hook = hook
+        self.observer = observer
+        self.pids = pids
+        self.config = config
+        self.apply = apply
+        self.clock = clock
+        self.interval = config.interval_seconds
+        self.graph = AffinityGraph(half_life=config.half_life_seconds, confirm_samples=config.confirm_samples)
+        self.counters = Counters()
+        self.last_moved: Dict[str, float] = {}
+        self.last_moves: List[Move] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ one pass
+    def run_once(self) -> List[Move]:
+        """Sample, plan, move; returns the moves that were made (and not rolled back)."""
+        allocs = {a.pod_uid: a for a in self.hook.allocations()}
+        pods: Dict[str, PodProcess] = {}
+        for uid, a in allocs.items():
+            for cid in sorted(a.containers):
+                pid = self.pids.pid(cid)
+                if pid is not None:
+                    pods[uid] = PodProcess(pid)
+                    break
+        keep = getattr(self.pids, "keep", None)
+        if keep is not None:
+            keep([cid for a in allocs.values() for cid in a.containers])
+        sample = self.observer.sample(pods)
+        self.counters.add("samples")
+        for error in sample.errors:
+            log.debug("traffic sample problem", error=error)
+        for pod in {p for pair in self.graph.weights() for p in pair} - set(allocs):
+            self.graph.forget_pod(pod)
+        for pod in [p for p in self.last_moved if p not in allocs]:
+            del self.last_moved[pod]
+        if sample.interval is None or sample.interval <= 0:
+            return []   # the first sample has no rates
+        # Raw rates, smoothed once here (the observer's own EWMA is not used).
+        self.graph.update({k: v for k, v in sample.rates.items() if k[0] in allocs and k[1] in allocs},
+                          elapsed=sample.interval)
+        affine = self.graph.affine_pairs(self.config.threshold_bytes_per_second)
+        if not affine:
+            return []
+        now = self.clock()
+        kstate = self.hook.kubelet_state
+        in_flight = set(self.hook.moves_in_flight())
+        placements = {uid: PodPlacement(nodes=tuple(a.nodes), millicpu=a.demand_millicpu(),
+                                        rule_pinned=self.hook.rule_pinned(a) or uid in in_flight,
+                                        exclusive=kstate.has_exclusive(uid))
+                      for uid, a in allocs.items()}
+        constraints = MoveConstraints(
+            free=free_millicpu(self.hook.topology, self.hook.shared_pool, placements),
+            max_moves=self.config.max_moves_per_interval, min_improvement=self.config.min_improvement,
+            cooldown=self.config.cooldown_seconds, now=now, last_moved=dict(self.last_moved))
+        moves = plan_moves(self.hook.topology, placements, affine, constraints)
+        made: List[Move] = []
+        refused_plans = set()
+        for m in moves:
+            a = allocs[m.pod]
+            partner = m.reason.pair[1] if m.reason.pair[0] == m.pod else m.reason.pair[0]
+            other = allocs.get(partner)
+            fields = dict(pod=a.ref, pod_uid=m.pod, partner=other.ref if other else partner,
+                          bytes_per_second=round(m.reason.bytes_per_second), from_nodes=list(m.from_nodes),
+                          to_nodes=list(m.to_nodes), kind=m.reason.kind,
+                          distance=f"{m.reason.distance_before:g} -> {m.reason.distance_after:g}",
+                          why=m.describe())
+            if m.plan in refused_plans:
+                self.counters.add("moves_refused")
+                log.info("affinity move skipped: an earlier move of its plan was refused", **fields)
+                continue
+            if not self.hook.move_pod(m.pod, m.to_nodes, m.describe()):
+                refused_plans.add(m.plan)
+                self.counters.add("moves_refused")
+                log.info("affinity move refused by the NUMA placement", **fields)
+                continue
+            self.last_moved[m.pod] = now
+            made.append(m)
+            log.info("affinity move", **fields)
+        if made and self.apply is not None:
+            self.apply()
+        kept: List[Move] = []
+        after = {a.pod_uid: a for a in self.hook.allocations()}
+        for m in made:
+            a = after.get(m.pod)
+            if a is not None and tuple(a.nodes) == tuple(m.to_nodes):
+                kept.append(m)
+                self.counters.add("moves")
+            else:
+                self.counters.add("moves_rolled_back")
+                log.warning("affinity move rolled back (its re-pin failed)", pod_uid=m.pod, to_nodes=list(m.to_nodes))
+        self.last_moves = kept
+        return kept
+
+    # ------------------------------------------------------------------ background loop
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="numa-affinity", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception as e:
+                self.counters.add("errors")
+                log.error("NUMA affinity pass failed", error=repr(e))
+            self._stop.wait(self.interval)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.observer.close()
+        close = getattr(self.pids, "close", None)
+        if close is not None:
+            close()
