@@ -93,7 +93,6 @@ _V6_LOOPBACK = b"\0" * 15 + b"\x01"
 
 _RECV_BYTES = 1 << 16
 _REFRESH_CHUNK = 32                      # exact lookups per sendmsg (their replies must fit the socket buffer)
-_RCVBUF = 1 << 20
 _CGROUP_FILE_CAP = 1 << 16
 
 T = TypeVar("T")
@@ -162,56 +161,69 @@ class TcpSocket(NamedTuple):
 
 # ----------------------------------------------------------------- inet_diag decoding
 
-def _decode(data: bytes, out: List[TcpSocket], errors: Optional[Dict[int, int]] = None,
-            replies: Optional[Dict[int, TcpSocket]] = None) -> Tuple[bool, int]:
-    """Decode the netlink messages in ``data``. Sockets go to ``out`` (or, keyed by the
-    message's sequence number, to ``replies``); error messages to ``errors`` (sequence
-    number -> errno) or, without ``errors``, raise. Returns (NLMSG_DONE seen, messages)."""
+_info_at: Dict[int, int] = {}     # message length -> offset of INET_DIAG_INFO seen last time
+
+
+def _counters_at(data: bytes, off: int, length: int) -> Tuple[int, int]:
+    """``(bytes_acked, bytes_received)`` of the message at ``off``, -1s if absent."""
+    a = _info_at.get(length)
+    if a is not None:
+        alen, atype = _ATTR.unpack_from(data, off + a)
+        if atype == INET_DIAG_INFO and alen >= 4 + _TCPI_MIN_LEN:
+            return _U64X2.unpack_from(data, off + a + 4 + _TCPI_BYTES_ACKED)   # type: ignore[return-value]
+    return _socket_at(data, off, length)[6:8]    # type: ignore[return-value]
+
+
+def _socket_at(data: bytes, off: int, length: int) -> TcpSocket:
+    """The socket of the SOCK_DIAG_BY_FAMILY message at ``off`` (``length`` bytes)."""
+    _, _, _, _, _, family, state, sid, inode = _MSG.unpack_from(data, off)
+    acked = received = -1
+    # Messages of one length have one layout: try where the counters were last time.
+    a = _info_at.get(length)
+    if a is not None:
+        alen, atype = _ATTR.unpack_from(data, off + a)
+        if atype == INET_DIAG_INFO and alen >= 4 + _TCPI_MIN_LEN:
+            acked, received = _U64X2.unpack_from(data, off + a + 4 + _TCPI_BYTES_ACKED)
+        else:
+            a = None
+    if a is None:
+        a = _MSG.size
+        while a + 4 <= length:
+            alen, atype = _ATTR.unpack_from(data, off + a)
+            if alen < 4:
+                break
+            if atype == INET_DIAG_INFO and alen >= 4 + _TCPI_MIN_LEN:
+                acked, received = _U64X2.unpack_from(data, off + a + 4 + _TCPI_BYTES_ACKED)
+                if len(_info_at) < 64:
+                    _info_at[length] = a
+                break
+            a += (alen + 3) & ~3
+    if family == socket.AF_INET:
+        return TcpSocket(sid[0:2] + _V4MAPPED + sid[4:8], sid[2:4] + _V4MAPPED + sid[20:24],
+                         state, inode, family, sid, acked, received)
+    return TcpSocket(sid[0:2] + sid[4:20], sid[2:4] + sid[20:36],
+                     state, inode, family, sid, acked, received)
+
+
+def _decode(data: bytes, out: List[TcpSocket]) -> bool:
+    """Decode a datagram of a dump into ``out``; True once NLMSG_DONE is seen. Raises
+    :class:`SockDiagError` for an error message."""
     off = 0
     end = len(data)
-    n = 0
-    unpack_msg = _MSG.unpack_from
-    unpack_attr = _ATTR.unpack_from
     while off + 16 <= end:
         length, mtype = _HDR.unpack_from(data, off)[:2]
         if length < 16 or off + length > end:
             raise SockDiagError(errno.EBADMSG, "truncated netlink message")
-        n += 1
         if mtype == SOCK_DIAG_BY_FAMILY and length >= _MSG.size:
-            _, _, _, seq, _, family, state, sid, inode = unpack_msg(data, off)
-            acked = received = -1
-            a = off + _MSG.size
-            msg_end = off + length
-            while a + 4 <= msg_end:
-                alen, atype = unpack_attr(data, a)
-                if alen < 4:
-                    break
-                if atype == INET_DIAG_INFO and alen >= 4 + _TCPI_MIN_LEN:
-                    acked, received = _U64X2.unpack_from(data, a + 4 + _TCPI_BYTES_ACKED)
-                a += (alen + 3) & ~3
-            if family == socket.AF_INET:
-                local = sid[0:2] + _V4MAPPED + sid[4:8]
-                remote = sid[2:4] + _V4MAPPED + sid[20:24]
-            else:
-                local = sid[0:2] + sid[4:20]
-                remote = sid[2:4] + sid[20:36]
-            sock = TcpSocket(local, remote, state, inode, family, sid, acked, received)
-            if replies is not None:
-                replies[seq] = sock
-            else:
-                out.append(sock)
+            out.append(_socket_at(data, off, length))
         elif mtype == NLMSG_DONE:
-            return True, n
+            return True
         elif mtype == NLMSG_ERROR:
             code = -_ERRNO.unpack_from(data, off + 16)[0] if length >= 20 else errno.EBADMSG
-            if errors is None:
-                if code == 0:
-                    off += (length + 3) & ~3
-                    continue
+            if code != 0:
                 raise SockDiagError(code, f"sock_diag: {os.strerror(code)}")
-            errors[_HDR.unpack_from(data, off)[3]] = code
         off += (length + 3) & ~3
-    return False, n
+    return False
 
 
 def _not_loopback_bytecode() -> bytes:
@@ -250,23 +262,36 @@ def _dump_request(family: int, seq: int, skip_loopback: bool) -> bytes:
     return _HDR.pack(16 + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
 
 
+def _netlink_socket(protocol: int, timeout: float) -> socket.socket:
+    """A blocking netlink socket whose receives give up after ``timeout`` seconds
+    (``SO_RCVTIMEO``: one system call per message, where Python's own timeouts add a
+    ``poll`` before each). Sending to the kernel does not block; the socket binds itself
+    on its first send; the default receive buffer holds the answers of one
+    :data:`_REFRESH_CHUNK` of lookups (about 2.5 KiB of buffer each)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, protocol)
+    try:
+        sec = int(timeout)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack("@ll", sec, int((timeout - sec) * 1e6)))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _recv(sock: socket.socket, what: str) -> bytes:
+    try:
+        return sock.recv(_RECV_BYTES)
+    except (BlockingIOError, socket.timeout):
+        raise SockDiagError(errno.ETIMEDOUT, f"{what}: no answer from the kernel") from None
+
+
 class DiagChannel:
     """A sock_diag netlink socket of the namespace the calling thread is in when it is
     made. Usable from any thread afterwards; close it (or use ``with``)."""
 
     def __init__(self, timeout: float = 2.0) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC,
-                                  NETLINK_SOCK_DIAG)
-        try:
-            self.sock.settimeout(timeout)
-            try:
-                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF)
-            except OSError:
-                pass
-            self.sock.bind((0, 0))
-        except BaseException:
-            self.sock.close()
-            raise
+        self.sock = _netlink_socket(NETLINK_SOCK_DIAG, timeout)
         self._seq = 0
 
     def close(self) -> None:
@@ -285,11 +310,8 @@ class DiagChannel:
         for family in (socket.AF_INET, socket.AF_INET6):
             self._seq += 1
             self.sock.send(_dump_request(family, self._seq, skip_loopback))
-            while True:
-                data = self._recv()
-                done, _ = _decode(data, out)
-                if done:
-                    break
+            while not _decode(self._recv(), out):
+                pass
         return out
 
     def refresh(self, sockets: Sequence[TcpSocket]) -> List[Optional[TcpSocket]]:
@@ -298,36 +320,48 @@ class DiagChannel:
         still finds it in TIME_WAIT, without counters; or its 4-tuple now names a
         different socket)."""
         result: List[Optional[TcpSocket]] = []
-        flags = NLM_F_REQUEST
+        body = _REQ_BODY.pack
         for start in range(0, len(sockets), _REFRESH_CHUNK):
             part = sockets[start:start + _REFRESH_CHUNK]
             base = self._seq + 1
             self._seq += len(part)
             self.sock.send(b"".join(
-                _HDR.pack(72, SOCK_DIAG_BY_FAMILY, flags, base + i, 0)
-                + _REQ_BODY.pack(s.family, socket.IPPROTO_TCP, _EXT_INFO, 0, DATA_STATES)
-                + s.diag_id
+                _HDR.pack(72, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, base + i, 0)
+                + body(s.family, socket.IPPROTO_TCP, _EXT_INFO, 0, DATA_STATES) + s.diag_id
                 for i, s in enumerate(part)))
-            replies: Dict[int, TcpSocket] = {}
-            errors: Dict[int, int] = {}
-            while len(replies) + len(errors) < len(part):
-                _decode(self._recv(), [], errors, replies)
-            for i in range(len(part)):
-                got = replies.get(base + i)
-                code = errors.get(base + i)
-                if got is None and code not in (errno.ENOENT, errno.ESTALE):
-                    raise SockDiagError(code or errno.EBADMSG,
-                                        f"sock_diag lookup: {os.strerror(code or errno.EBADMSG)}")
-                if got is not None and not (DATA_STATES >> got.state) & 1:
-                    got = None
-                result.append(got)
+            # One answer per request, each its own datagram: the socket, or an error.
+            got: List[Optional[TcpSocket]] = [None] * len(part)
+            pending = len(part)
+            while pending:
+                data = self._recv()
+                off = 0
+                while off + 16 <= len(data):
+                    length, mtype, _, seq, _ = _HDR.unpack_from(data, off)
+                    if length < 16 or off + length > len(data):
+                        raise SockDiagError(errno.EBADMSG, "truncated netlink message")
+                    i = seq - base
+                    if 0 <= i < len(part):
+                        if mtype == SOCK_DIAG_BY_FAMILY and length >= _MSG.size:
+                            state = data[off + 17]
+                            # closed: the kernel still finds it in TIME_WAIT, without counters
+                            if (DATA_STATES >> state) & 1:
+                                acked, received = _counters_at(data, off, length)
+                                old = part[i]
+                                got[i] = TcpSocket(old.local, old.remote, state, old.inode,
+                                                   old.family, old.diag_id, acked, received)
+                            pending -= 1
+                        elif mtype == NLMSG_ERROR:
+                            code = -_ERRNO.unpack_from(data, off + 16)[0] if length >= 20 else errno.EBADMSG
+                            if code not in (errno.ENOENT, errno.ESTALE):
+                                raise SockDiagError(code or errno.EBADMSG,
+                                                    f"sock_diag lookup: {os.strerror(code or errno.EBADMSG)}")
+                            pending -= 1
+                    off += (length + 3) & ~3
+            result += got
         return result
 
     def _recv(self) -> bytes:
-        try:
-            return self.sock.recv(_RECV_BYTES)
-        except socket.timeout:
-            raise SockDiagError(errno.ETIMEDOUT, "sock_diag: no answer from the kernel") from None
+        return _recv(self.sock, "sock_diag")
 
 
 # ------------------------------------------------------------------------- conntrack
@@ -344,14 +378,7 @@ class ConntrackChannel:
     """
 
     def __init__(self, timeout: float = 2.0) -> None:
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC,
-                                  NETLINK_NETFILTER)
-        try:
-            self.sock.settimeout(timeout)
-            self.sock.bind((0, 0))
-        except BaseException:
-            self.sock.close()
-            raise
+        self.sock = _netlink_socket(NETLINK_NETFILTER, timeout)
         self._seq = 0
 
     def close(self) -> None:
@@ -382,10 +409,7 @@ class ConntrackChannel:
         self.sock.send(bytes(msg.data[:msg["header"]["length"]]))
         found: Optional[Tuple[Flow, Flow]] = None
         for _ in range(64):          # an answer and an ack; anything else is not ours
-            try:
-                data = self.sock.recv(_RECV_BYTES)
-            except socket.timeout:
-                raise SockDiagError(errno.ETIMEDOUT, "ctnetlink: no answer from the kernel") from None
+            data = _recv(self.sock, "ctnetlink")
             off = 0
             while off + 16 <= len(data):
                 length, mtype, _, seq, _ = _HDR.unpack_from(data, off)
@@ -537,41 +561,49 @@ def list_pids(proc_root: str) -> List[int]:
     return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
 
 
-def _read_small(path: str, cap: int = _CGROUP_FILE_CAP) -> str:
+def _read_bytes(path: str, cap: int = _CGROUP_FILE_CAP) -> bytes:
+    """A small proc file made by one ``show`` call (``single_open``: ``cgroup``,
+    ``net/snmp``), which one large enough read returns whole; up to ``cap`` bytes."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = []
-        size = 0
-        while size < cap:
-            chunk = os.read(fd, cap - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = os.read(fd, cap)
+        if len(data) >= cap // 2:              # not expected: read on, to EOF or cap
+            chunks = [data]
+            size = len(data)
+            while size < cap:
+                chunk = os.read(fd, cap - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("ascii", "replace")
+    return data
+
+
+def _read_small(path: str, cap: int = _CGROUP_FILE_CAP) -> str:
+    return _read_bytes(path, cap).decode("ascii", "replace")
 
 
 def tcp_opens(proc_root: str, pid: int) -> int:
     """``ActiveOpens + PassiveOpens`` of ``pid``'s network namespace (``net/snmp``): it
     changes whenever a TCP connection is made there, so while it stands still the
     namespace has no socket that was not there before. Raises OSError if unreadable."""
-    text = _read_small(os.path.join(proc_root, str(int(pid)), "net/snmp"))
-    names: Optional[List[str]] = None
-    for line in text.splitlines():
-        if not line.startswith("Tcp:"):
-            continue
-        fields = line.split()[1:]
-        if names is None:
-            names = fields
-            continue
-        values = dict(zip(names, fields))
+    path = os.path.join(proc_root, str(int(pid)), "net/snmp")
+    data = _read_bytes(path)
+    head = data.find(b"Tcp: ")
+    body = data.find(b"Tcp: ", head + 5) if head >= 0 else -1
+    if body >= 0:
+        names = data[head:data.find(b"\n", head)].split()
+        end = data.find(b"\n", body)
+        values = data[body:end if end >= 0 else len(data)].split()
         try:
-            return int(values["ActiveOpens"]) + int(values["PassiveOpens"])
-        except (KeyError, ValueError):
-            break
-    raise OSError(errno.EBADMSG, f"no TCP open counters in {proc_root}/{pid}/net/snmp")
+            return (int(values[names.index(b"ActiveOpens")])
+                    + int(values[names.index(b"PassiveOpens")]))
+        except (ValueError, IndexError):
+            pass
+    raise OSError(errno.EBADMSG, f"no TCP open counters in {path}")
 
 
 def socket_inodes(proc_root: str, pid: int) -> List[int]:

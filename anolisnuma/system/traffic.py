@@ -115,31 +115,49 @@ class TrafficSource(abc.ABC):
 # --------------------------------------------------------------------- sock_diag source
 
 class _End:
-    """One pod socket in one sample."""
+    """A pod socket in one sample that still has to be matched."""
 
-    __slots__ = ("sock", "uid", "ns", "sent", "received", "matched")
+    __slots__ = ("sock", "uid", "ns", "shared", "sent", "received", "matched")
 
-    def __init__(self, sock: TcpSocket, uid: str, ns: NetnsKey,
+    def __init__(self, sock: TcpSocket, uid: str, ns: NetnsKey, shared: bool,
                  sent: Optional[int], received: Optional[int]) -> None:
         self.sock = sock
         self.uid = uid
         self.ns = ns
+        self.shared = shared
         self.sent = sent              # bytes since the previous sample, None if unknown
         self.received = received
         self.matched = False
 
 
+class _Follow:
+    """A socket read every sample: one not matched yet (``peer`` None), or the end of a
+    pod-to-pod connection whose counters stand for both directions (``peer``: the pod at
+    the other end, whose socket is then left alone)."""
+
+    __slots__ = ("sock", "uid", "peer")
+
+    def __init__(self, sock: TcpSocket, uid: str, peer: Optional[str]) -> None:
+        self.sock = sock
+        self.uid = uid
+        self.peer = peer
+
+
 class _NsState:
     """What is remembered of a namespace between samples."""
 
-    __slots__ = ("opens", "since_dump", "shared", "tracked", "seen")
+    __slots__ = ("opens", "since_dump", "shared", "uids", "tracked", "quiet", "unowned", "seen")
 
-    def __init__(self, opens: Optional[int], shared: bool) -> None:
+    def __init__(self, opens: Optional[int], shared: bool, uids: frozenset) -> None:
         self.opens = opens
         self.since_dump = 0
         self.shared = shared
-        self.tracked: Dict[bytes, Tuple[TcpSocket, str]] = {}   # cookie -> (socket, pod)
-        self.seen: Set[bytes] = set()                           # cookies at the last dump
+        self.uids = uids
+        self.tracked: Dict[bytes, _Follow] = {}                  # cookie -> followed socket
+        # cookie -> (namespace, cookie) of the followed other end; None: both ends in one pod
+        self.quiet: Dict[bytes, Optional[Tuple[NetnsKey, bytes]]] = {}
+        self.unowned: Set[bytes] = set()       # shared namespace: sockets of no managed pod
+        self.seen: Set[bytes] = set()          # every cookie of the last full dump
 
 
 class _Group:
@@ -170,6 +188,12 @@ def _larger(a: Optional[int], b: Optional[int]) -> Optional[int]:
     return a if a >= b else b
 
 
+def _deltas(s: TcpSocket, old: Optional[TcpSocket]) -> Tuple[Optional[int], Optional[int]]:
+    if old is None or s.bytes_acked < old.bytes_acked or s.bytes_received < old.bytes_received:
+        return None, None
+    return s.bytes_acked - old.bytes_acked, s.bytes_received - old.bytes_received
+
+
 class SockDiagSource(TrafficSource):
     """Pod-pair rates from socket diagnostics (see the module docstring).
 
@@ -198,11 +222,13 @@ class SockDiagSource(TrafficSource):
         self.clock = clock
         self._ns: Dict[NetnsKey, _NsState] = {}
         self._nat: Dict[Tuple[NetnsKey, bytes], Optional[sockdiag.Flow]] = {}
+        self._verified: Dict[int, Tuple[NetnsKey, str]] = {}    # PID -> (namespace, its pod)
         self._last_at: Optional[float] = None
 
     def close(self) -> None:
         self._ns.clear()
         self._nat.clear()
+        self._verified.clear()
 
     # ------------------------------------------------------------------ one sample
 
@@ -218,6 +244,7 @@ class SockDiagSource(TrafficSource):
 
         groups = self._groups(pods, stats)
         stats.namespaces = len(groups)
+        managed = {uid for g in groups.values() for uid in g.uids.values()}
         try:
             host_ns: Optional[NetnsKey] = sockdiag.netns_key(self.proc_root, self.host_pid)
         except OSError:
@@ -245,7 +272,7 @@ class SockDiagSource(TrafficSource):
             with sockdiag.DiagChannel(self.socket_timeout) as ch:
                 if g.full:
                     return ch.dump(skip_loopback=not g.shared)
-                return ch.refresh([s for s, _ in self._ns[g.key].tracked.values()])
+                return ch.refresh([f.sock for f in self._ns[g.key].tracked.values()])
 
         results: Dict[NetnsKey, object] = {}
         if todo:
@@ -261,62 +288,102 @@ class SockDiagSource(TrafficSource):
                 fail(f"namespace helper: {e}")
         now = self.clock()
 
-        # Counters, and what to remember for next time.
-        ends: List[_End] = []
+        # Counters. Followed ends of known pod-to-pod connections are done here; the other
+        # sockets (new, or never matched) go on to matching.
+        settled: List[Tuple[str, str, int]] = []        # (pod, other pod, bytes)
+        candidates: List[_End] = []
         states: Dict[NetnsKey, _NsState] = {}
         for g in groups.values():
             prev = self._ns.get(g.key)
             if g.key in read_keys and g.key not in results:
                 continue                       # failed: a fresh start next time
-            st = _NsState(g.opens, g.shared)
+            uids = frozenset(g.uids)
+            st = _NsState(g.opens, g.shared, uids)
             states[g.key] = st
-            if g.key not in read_keys:         # idle: nothing followed, nothing new
-                st.since_dump = prev.since_dump + 1 if prev else 0
-                st.seen = prev.seen if prev else set()
-                continue
+            if prev is not None:
+                st.since_dump = prev.since_dump + 1
+                st.seen = prev.seen
+                st.quiet = prev.quiet
+                if prev.uids == uids:
+                    st.unowned = prev.unowned
+            if g.key not in read_keys:
+                continue                       # idle: nothing followed, nothing new
+            known = prev.tracked if prev is not None else {}
             if g.full:
                 stats.full_dumps += 1
-                socks = results[g.key]
-                st.seen = {s.diag_id[40:48] for s in socks}      # type: ignore[union-attr]
-                owned = self._attribute(g, socks)                # type: ignore[arg-type]
+                socks: List[TcpSocket] = results[g.key]          # type: ignore[assignment]
+                st.since_dump = 0
+                st.seen = {s.diag_id[40:48] for s in socks}
+                st.quiet = {c: ref for c, ref in st.quiet.items() if c in st.seen}
+                st.unowned = {c for c in st.unowned if c in st.seen}
+                owned = self._attribute(g, socks, st, known)
             else:
                 stats.refreshed += 1
-                st.since_dump = prev.since_dump + 1 if prev else 0
-                st.seen = prev.seen if prev else set()
-                owned = [(s, uid) for s, (_, uid) in zip(results[g.key], prev.tracked.values())  # type: ignore[union-attr,arg-type]
+                owned = [(s, f.uid) for s, f in zip(results[g.key], known.values())  # type: ignore[call-overload]
                          if s is not None and s.bytes_acked >= 0]
             for s, uid in owned:
                 cookie = s.diag_id[40:48]
-                st.tracked[cookie] = (s, uid)
-                sent = received = None
-                old = prev.tracked.get(cookie) if prev is not None else None
+                old = known.get(cookie)
                 if old is not None:
-                    o = old[0]
-                    if s.bytes_acked >= o.bytes_acked and s.bytes_received >= o.bytes_received:
-                        sent = s.bytes_acked - o.bytes_acked
-                        received = s.bytes_received - o.bytes_received
-                elif prev is not None and cookie not in prev.seen and s.bytes_acked >= 0:
+                    sent, received = _deltas(s, old.sock)
+                elif prev is not None and cookie not in prev.seen:
                     sent, received = s.bytes_acked, s.bytes_received    # born since the last look
-                ends.append(_End(s, uid, g.key, sent, received))
-        stats.sockets = len(ends)
+                else:
+                    sent = received = None
+                if old is not None and old.peer is not None and old.peer in managed:
+                    old.sock = s
+                    st.tracked[cookie] = old
+                    if sent is not None:
+                        settled.append((uid, old.peer, sent + received))  # type: ignore[operator]
+                else:
+                    candidates.append(_End(s, uid, g.key, g.shared, sent, received))
+        stats.sockets = len(settled) + len(candidates)
         self._ns = states
 
-        connections = self._match(ends, groups, host_ns, stats, fail)
-        live = {(ns, c) for ns, st in states.items() for c in st.tracked}
-        self._nat = {k: v for k, v in self._nat.items() if k in live}
+        matches = self._match(candidates, groups, host_ns, stats, fail)
+        fresh: List[Tuple[str, str, int]] = []
+        for a, b in matches:
+            if a.uid == b.uid:                 # two sockets of one pod
+                states[a.ns].quiet[a.sock.cookie] = None
+                states[b.ns].quiet[b.sock.cookie] = None
+                continue
+            # follow one end from now on: one in a shared namespace (read anyway), else
+            # either, the same way every time
+            if a.shared != b.shared:
+                p, q = (a, b) if a.shared else (b, a)
+            else:
+                p, q = (a, b) if (a.ns, a.sock.diag_id) <= (b.ns, b.sock.diag_id) else (b, a)
+            states[p.ns].tracked[p.sock.cookie] = _Follow(p.sock, p.uid, q.uid)
+            states[q.ns].quiet[q.sock.cookie] = (p.ns, p.sock.cookie)
+            one = _larger(a.sent, b.received)
+            other = _larger(a.received, b.sent)
+            if one is not None or other is not None:
+                fresh.append((a.uid, b.uid, (one or 0) + (other or 0)))
+        for e in candidates:
+            if not e.matched:
+                states[e.ns].tracked[e.sock.cookie] = _Follow(e.sock, e.uid, None)
+        # A quiet end whose followed end went away is looked at again at its next dump.
+        for st in states.values():
+            stale = [c for c, ref in st.quiet.items() if ref is not None and not (
+                ref[0] in states and ref[1] in states[ref[0]].tracked
+                and states[ref[0]].tracked[ref[1]].peer is not None)]
+            for c in stale:
+                del st.quiet[c]
+        stats.connections = sum(1 for st in states.values() for f in st.tracked.values()
+                                if f.peer is not None)
+        self._nat = {k: v for k, v in self._nat.items()
+                     if k[0] in states and k[1] in states[k[0]].tracked}
+        alive = set(pods)
+        self._verified = {pid: v for pid, v in self._verified.items()
+                          if v[1] in alive or v[1].lower() in alive}
 
         interval = None if self._last_at is None else now - self._last_at
         self._last_at = now
         rates: Dict[PodPair, float] = {}
         if interval is not None and interval > 0:
-            for a, b in connections:
-                one = _larger(a.sent, b.received)
-                other = _larger(a.received, b.sent)
-                if one is None and other is None:
-                    continue
-                moved = (one or 0) + (other or 0)
+            for a_uid, b_uid, moved in settled + fresh:
                 if moved > 0:
-                    pair = pod_pair(a.uid, b.uid)
+                    pair = pod_pair(a_uid, b_uid)
                     rates[pair] = rates.get(pair, 0.0) + moved / interval
         stats.seconds = self.clock() - started
         return TrafficSample(now, interval, rates, stats, errors)
@@ -324,6 +391,10 @@ class SockDiagSource(TrafficSource):
     # ------------------------------------------------------------------ the steps
 
     def _groups(self, pods: Mapping[str, PodProcess], stats: SampleStats) -> Dict[NetnsKey, _Group]:
+        """Pods by namespace. A PID counts for its pod once its cgroup said so; that is
+        asked again when the PID shows up in another namespace (a PID reused in the same
+        namespace is another process of the same pod sandbox, or of the host's namespace,
+        where sockets go to pods by their own processes' cgroups anyway)."""
         groups: Dict[NetnsKey, _Group] = {}
         for uid, proc in pods.items():
             pid = proc.pid
@@ -333,11 +404,18 @@ class SockDiagSource(TrafficSource):
                 continue
             try:
                 key = sockdiag.netns_key(self.proc_root, pid)
-                owner = sockdiag.pod_uid_of(self.proc_root, pid)
+                cached = self._verified.get(pid)
+                if cached is not None and cached[0] == key:
+                    owner: Optional[str] = cached[1]
+                else:
+                    owner = sockdiag.pod_uid_of(self.proc_root, pid)
+                    if owner is not None:
+                        self._verified[pid] = (key, owner)
             except OSError:
                 stats.pods_skipped += 1
                 continue
             if owner is None or owner.lower() != uid.lower():
+                self._verified.pop(pid, None)
                 stats.pods_skipped += 1
                 continue
             g = groups.get(key)
@@ -347,42 +425,60 @@ class SockDiagSource(TrafficSource):
             g.host_network = g.host_network or bool(proc.host_network)
         return groups
 
-    def _attribute(self, g: _Group, socks: List[TcpSocket]) -> List[Tuple[TcpSocket, str]]:
-        """The sockets worth following in a freshly dumped namespace, with their pod."""
+    def _attribute(self, g: _Group, socks: List[TcpSocket], st: _NsState,
+                   known: Dict[bytes, _Follow]) -> List[Tuple[TcpSocket, str]]:
+        """The sockets of a fresh dump to read, with their pod; marks those not worth
+        reading (``st.quiet``, ``st.unowned``)."""
+        out: List[Tuple[TcpSocket, str]] = []
         if not g.shared:
             uid = next(iter(g.uids.values()))
-            # Both ends here: a connection inside the pod.
             here = {s.local for s in socks}
-            return [(s, uid) for s in socks if s.remote not in here and s.bytes_acked >= 0]
+            for s in socks:
+                cookie = s.diag_id[40:48]
+                if cookie in st.quiet or s.bytes_acked < 0:
+                    continue
+                if s.remote in here:           # both ends here: a connection inside the pod
+                    st.quiet[cookie] = None
+                    continue
+                out.append((s, uid))
+            return out
+        todo = [s for s in socks if s.bytes_acked >= 0 and s.diag_id[40:48] not in st.quiet
+                and s.diag_id[40:48] not in st.unowned]
         owners: Dict[int, str] = {}
-        for pid in sockdiag.list_pids(self.proc_root):
-            try:
-                owner = sockdiag.pod_uid_of(self.proc_root, pid)
-                if owner is None or owner.lower() not in g.uids:
+        if any(s.diag_id[40:48] not in known for s in todo):
+            for pid in sockdiag.list_pids(self.proc_root):
+                try:
+                    owner = sockdiag.pod_uid_of(self.proc_root, pid)
+                    if owner is None or owner.lower() not in g.uids:
+                        continue
+                    if sockdiag.netns_key(self.proc_root, pid) != g.key:
+                        continue
+                except OSError:
                     continue
-                if sockdiag.netns_key(self.proc_root, pid) != g.key:
-                    continue
-            except OSError:
-                continue
-            uid = g.uids[owner.lower()]
-            for inode in sockdiag.socket_inodes(self.proc_root, pid):
-                owners.setdefault(inode, uid)
-        return [(s, owners[s.inode]) for s in socks
-                if s.inode and s.inode in owners and s.bytes_acked >= 0]
+                uid = g.uids[owner.lower()]
+                for inode in sockdiag.socket_inodes(self.proc_root, pid):
+                    owners.setdefault(inode, uid)
+        for s in todo:
+            cookie = s.diag_id[40:48]
+            f = known.get(cookie)
+            uid = f.uid if f is not None else owners.get(s.inode) if s.inode else None
+            if uid is None:
+                st.unowned.add(cookie)         # no managed pod's (the host's, say)
+            else:
+                out.append((s, uid))
+        return out
 
     def _match(self, ends: List[_End], groups: Dict[NetnsKey, _Group], host_ns: Optional[NetnsKey],
                stats: SampleStats, fail: Callable[[str], None]) -> List[Tuple[_End, _End]]:
+        """Pairs of ends that are one connection (see the module docstring, step 4)."""
         by_tuple: Dict[tuple, List[_End]] = {}
         for e in ends:
             by_tuple.setdefault(_key(e.sock.local, e.sock.remote, e.ns), []).append(e)
-        connections: List[Tuple[_End, _End]] = []
+        matches: List[Tuple[_End, _End]] = []
 
-        def pair(a: _End, b: _End) -> bool:
+        def pair(a: _End, b: _End) -> None:
             a.matched = b.matched = True
-            if a.uid == b.uid:
-                return False                  # two sockets of one pod
-            connections.append((a, b))
-            return True
+            matches.append((a, b))
 
         def only(cands: List[_End], e: _End, other_pod: bool = False) -> Optional[_End]:
             found = [c for c in cands if c is not e and not c.matched
@@ -409,7 +505,8 @@ class SockDiagSource(TrafficSource):
                 if flow is None:
                     continue
                 c = only(by_tuple.get(_key(flow[0], flow[1], e.ns), []), e, other_pod=True)
-                if c is not None and pair(e, c):
+                if c is not None:
+                    pair(e, c)
                     stats.via_conntrack += 1
 
         # 3. the server's view: someone whose remote is my local endpoint
@@ -421,11 +518,10 @@ class SockDiagSource(TrafficSource):
             if e.matched:
                 continue
             c = only(by_remote.get(_key(e.sock.local, b"", e.ns), []), e, other_pod=True)
-            if c is not None and pair(e, c):
+            if c is not None:
+                pair(e, c)
                 stats.via_server_view += 1
-
-        stats.connections = len(connections)
-        return connections
+        return matches
 
     def _lookup_nat(self, ends: List[_End], groups: Dict[NetnsKey, _Group], host_ns: Optional[NetnsKey],
                     stats: SampleStats, fail: Callable[[str], None]) -> None:
