@@ -35,9 +35,13 @@ How :class:`SockDiagSource` samples (the kernel calls are in
    other end sees. Failing that, the server's view: an unmatched socket whose remote
    endpoint is this socket's local endpoint, if there is exactly one. Anything
    ambiguous is left out and counted.
-5. **Rates.** Bytes of a connection = sent one way + sent the other way, each the larger
-   of the two ends' counts; a pod pair's rate = the sum over its connections / seconds
-   since the previous sample.
+5. **Rates.** Bytes of a connection = sent one way + sent the other way (when it is
+   matched, each the larger of the two ends' counts); a pod pair's rate = the sum over
+   its connections / seconds since the previous sample.
+6. **Afterwards** only one end of a matched connection is read (its two counters are the
+   two directions); the other end is left alone, and a namespace left with nothing to
+   read and no new connection is not entered at all. Sockets not matched (their other
+   end is no managed pod's) are read every sample, so that they can still be matched.
 
 Cost: see ``docs/numa.md`` ("Traffic observation") and ``scripts/bench_observer.py``.
 """
