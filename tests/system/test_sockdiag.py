@@ -15,22 +15,13 @@ from anolisnuma.system.sockdiag import (
     ConntrackChannel, DiagChannel, endpoint, endpoint_str, is_loopback, peer_flow,
     pod_uid_from_cgroup_path, run_in_netns,
 )
-from anolisnuma.testing.netlab import NetLab, lab_usable
+from anolisnuma.testing.netlab import lab_usable
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 CID = "a" * 64
 
 
 needs_lab = pytest.mark.skipif(not lab_usable(), reason="needs root, ip(8) and network namespaces")
-
-
-@pytest.fixture
-def lab():
-    lab = NetLab()
-    try:
-        yield lab
-    finally:
-        lab.close()
 
 
 def in_ns(pid, fn):

@@ -13,22 +13,13 @@ import pytest
 from anolisnuma.system.traffic import (
     PodProcess, SockDiagSource, TrafficObserver, TrafficSample, TrafficSource, pod_pair,
 )
-from anolisnuma.testing.netlab import NetLab, lab_usable
+from anolisnuma.testing.netlab import lab_usable
 
 needs_lab = pytest.mark.skipif(not lab_usable(), reason="needs root, ip(8) and network namespaces")
 
 INTERVAL = 0.5          # the sampling interval: the one thing these tests sleep
 RATE = 2_000_000        # bytes/s of a stream (2 MB/s)
 VIP = "198.19.0.10"     # a Service-like virtual IP, DNAT'd inside the client's namespace
-
-
-@pytest.fixture
-def lab():
-    lab = NetLab()
-    try:
-        yield lab
-    finally:
-        lab.close()
 
 
 def within(rate, expected, tolerance=0.2):
