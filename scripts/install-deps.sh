@@ -9,7 +9,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${ANOLISNUMA_VENV:-$HERE/.venv}
 
-debs=(containerd runc busybox-static containernetworking-plugins iproute2 python3-venv rpm golang-google-grpc-dev logrotate iptables)
+debs=(containerd runc busybox-static containernetworking-plugins iproute2 python3-venv rpm golang-google-grpc-dev logrotate iptables socat)
 missing=()
 for pkg in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
