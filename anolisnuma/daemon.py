@@ -2,7 +2,9 @@
 
 The socket is listening before anything slow happens, because the kubelet calls Version at
 its own start and exits if that fails. The start-up resync with containerd runs in the
-background and is retried while containerd is down; calls are relayed meanwhile.
+background and is retried while containerd is down; calls are relayed meanwhile. Every
+background loop (the store's writer, each hook's reconcilers and watchers) is a
+:class:`~anolisnuma.controller.Controller` registered in :attr:`Daemon.controllers`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import structlog
 
@@ -19,10 +21,10 @@ from anolisnuma import reload as reload_plan
 from anolisnuma.admin.surface import AdminSurface
 from anolisnuma.config import Config
 from anolisnuma.configfile import ConfigError
+from anolisnuma.controller import Controller, Controllers
 from anolisnuma.cri.client import CriClient
 from anolisnuma.pipeline.hooks import Hook
 from anolisnuma.pipeline.interceptor import Interceptor
-from anolisnuma.reconcile.numa import CpusetRepinner
 from anolisnuma.reconcile.startup import resync_store
 from anolisnuma.state.store import Store
 from anolisnuma.system import sd_notify
@@ -98,8 +100,7 @@ class Daemon:
         self.admin = AdminSurface(self)   # admin socket and metrics endpoint (anolisnuma/admin)
         self._stop: Optional[asyncio.Event] = None
         self._resync_task: Optional[asyncio.Task] = None
-        self._background: List[object] = []
-        self.affinity: Optional[object] = None   # the traffic-affinity controller, when running
+        self.controllers = Controllers()   # every background loop, started and stopped here
         self.resynced = False
         self.ready = False
         self.exit_code = 0
@@ -125,6 +126,7 @@ class Daemon:
                         "containerd's root API (0660 keeps it to root and the socket's group)",
                         socket_mode=oct(self.config.server.socket_mode))
         self.store.load()
+        self.controllers.add(self.store.writer)
         self.store.start()
         try:
             await self.admin.start()
@@ -208,42 +210,30 @@ class Daemon:
                 try:
                     await loop.run_in_executor(self.executor, hook.resync, pods, containers)
                     await loop.run_in_executor(self.executor, hook.start)
+                    loops = await loop.run_in_executor(self.executor, hook.controllers, self._connect)
                 except Exception as e:
                     log.error("hook could not start; it stays passive", hook=hook.name, error=repr(e))
                     continue
-                if hasattr(hook, "pending_updates"):
-                    repinner = CpusetRepinner(hook, CriClient(self.config.runtime.endpoint,
-                                                              self.config.runtime.max_message_bytes))
-                    await loop.run_in_executor(self.executor, repinner.run_once)
-                    repinner.start()
-                    self._background.append(repinner)
-                    # --- traffic affinity (issue 9): live moves through the re-pinner ---
-                    affinity = getattr(getattr(hook, "config", None), "affinity", None)
-                    if affinity is not None and affinity.enabled:
-                        self._start_affinity(hook, repinner)
+                for controller in loops:
+                    await self._start_controller(controller)
             self.resynced = True
         finally:
             client.close()
 
-    def _start_affinity(self, hook: Hook, repinner: CpusetRepinner) -> None:
-        """Start the traffic-affinity controller for the NUMA hook (``[numa.affinity]``)."""
-        from anolisnuma.reconcile.affinity import AffinityController, ContainerPids
-        from anolisnuma.system.traffic import TrafficObserver
+    def _connect(self, timeout_seconds: Optional[float] = None) -> Any:
+        """A new client to containerd for a background loop."""
+        rt = self.config.runtime
+        if timeout_seconds is None:
+            return CriClient(rt.endpoint, rt.max_message_bytes)
+        return CriClient(rt.endpoint, rt.max_message_bytes, timeout_seconds=timeout_seconds)
 
-        try:
-            observer = TrafficObserver(proc_root=self.config.paths.proc_root)
-        except Exception as e:
-            log.error("traffic affinity cannot start; pods are not moved", error=repr(e))
-            return
-        pids = ContainerPids(CriClient(self.config.runtime.endpoint, self.config.runtime.max_message_bytes,
-                                       timeout_seconds=10.0), proc_root=self.config.paths.proc_root)
-        controller = AffinityController(hook, observer, pids, getattr(hook, "config").affinity,
-                                        apply=repinner.run_once)
+    async def _start_controller(self, controller: Controller) -> None:
+        """Register and start a background loop (after its first pass, when it wants one)."""
+        self.controllers.add(controller)
+        if controller.run_at_start:
+            await asyncio.get_running_loop().run_in_executor(self.executor, controller.step)
         controller.start()
-        self._background.append(controller)
-        self.affinity = controller   # counters for the admin status / metrics
-        log.info("traffic affinity started", interval_seconds=controller.interval,
-                 threshold_bytes_per_second=controller.config.threshold_bytes_per_second)
+        log.info("background loop started", controller=controller.name, interval_seconds=controller.interval)
 
     async def _shutdown(self, server: asyncio.AbstractServer) -> None:
         grace = self.config.server.shutdown_grace_seconds
@@ -255,8 +245,7 @@ class Daemon:
         self.interceptor.aborts.flush()  # the counts of calls cut short, not left unsaid
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_task.cancel()
-        for task in self._background:
-            task.close()
+        self.controllers.stop_all()
         for hook in self.hooks:
             try:
                 hook.close()

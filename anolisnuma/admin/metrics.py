@@ -33,6 +33,13 @@ Families (all prefixed ``anolisnuma_``):
 ``reconcile_runs_total``,                 reconciler (qos, numa_repin): passes, values
 ``reconcile_drift_fixed_total``,          put back (files rewritten, cpusets repinned)
 ``reconcile_errors_total``                and failures
+``controller_runs_total``,                controller (every background loop: store-writer,
+``controller_errors_total``,              qos-reconcile, numa-watch, numa-repin,
+``controller_last_pass_seconds``          numa-affinity): passes, failed passes, the last
+                                          pass's duration
+``controller_events_total``               controller, event: a loop's own counts (e.g.
+                                          numa-affinity samples, moves, moves_refused,
+                                          moves_rolled_back)
 ========================================  ==============================================
 """
 
@@ -74,7 +81,7 @@ class DaemonCollector:
         # A section that fails (a hook being rebuilt, say) is left out of this scrape; the
         # others are still served.
         for section in (self._daemon, self._calls, self._hooks, self._relay, self._numa, self._qos,
-                        self._reconcilers):
+                        self._reconcilers, self._controllers):
             try:
                 yield from section()
             except Exception as e:
@@ -136,12 +143,12 @@ class DaemonCollector:
         yield other
 
     def _numa(self) -> Iterator[Metric]:
-        hook = views.numa_hook(self.daemon)
-        if hook is None:
+        numa = views.placement(self.daemon)
+        if numa is None:
             return
-        loads = hook.ledger.loads()
-        pool = hook.shared_pool
-        exclusive = hook.kubelet_state.exclusive_cpus
+        loads = numa.ledger.loads()
+        pool = numa.shared_pool
+        exclusive = numa.kubelet_state.exclusive_cpus
         fams = {
             "cpus": GaugeMetricFamily(P + "numa_node_cpus", "online CPUs of the node", labels=["node"]),
             "shared": GaugeMetricFamily(P + "numa_node_shared_cpus", "CPUs of the node in the kubelet's shared pool",
@@ -154,7 +161,7 @@ class DaemonCollector:
                                         "memory limits of the pods placed on the node", labels=["node"]),
             "pods": GaugeMetricFamily(P + "numa_node_pods", "pods placed on the node", labels=["node"]),
         }
-        for node in hook.topology.nodes:
+        for node in numa.topology.nodes:
             label = [str(node.id)]
             load = loads.get(node.id)
             fams["cpus"].add_metric(label, len(node.cpus))
@@ -165,7 +172,7 @@ class DaemonCollector:
             fams["pods"].add_metric(label, load.pods if load else 0)
         yield from fams.values()
         yield GaugeMetricFamily(P + "numa_pending_updates", "placements waiting for the repin loop",
-                                value=len(hook.pending_updates()))
+                                value=len(numa.pending_updates()))
 
     def _qos(self) -> Iterator[Metric]:
         hook = views.qos_hook(self.daemon)
@@ -196,6 +203,26 @@ class DaemonCollector:
         yield runs
         yield fixed
         yield errors
+
+    def _controllers(self) -> Iterator[Metric]:
+        runs = CounterMetricFamily(P + "controller_runs", "background loop passes", labels=["controller"])
+        errors = CounterMetricFamily(P + "controller_errors", "background loop passes that failed",
+                                     labels=["controller"])
+        last = GaugeMetricFamily(P + "controller_last_pass_seconds", "how long the last pass took",
+                                 labels=["controller"])
+        events = CounterMetricFamily(P + "controller_events", "a background loop's own counts",
+                                     labels=["controller", "event"])
+        for c in self.daemon.controllers:
+            st = c.status()
+            runs.add_metric([c.name], st["runs"])
+            errors.add_metric([c.name], st["errors"])
+            last.add_metric([c.name], c.last_pass_seconds)
+            for event, n in sorted(c.counts().items()):
+                events.add_metric([c.name, event], n)
+        yield runs
+        yield errors
+        yield last
+        yield events
 
 
 def _histogram(stats: LatencyStats, count_name: str, seconds_name: str, doc: str,

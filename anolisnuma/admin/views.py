@@ -17,8 +17,8 @@ from anolisnuma.state.records import ContainerRecord, PodRecord
 
 if TYPE_CHECKING:  # pragma: no cover
     from anolisnuma.daemon import Daemon
-    from anolisnuma.hooks.numa import NumaHook
     from anolisnuma.hooks.qos import QosHook
+    from anolisnuma.placement.service import PlacementService
 
 # The pod markings that decide a policy, shown by `explain` (no other annotation is shown),
 # besides the opt-out keys of [hooks] skip_keys.
@@ -39,17 +39,11 @@ def qos_hook(daemon: "Daemon") -> Optional["QosHook"]:
     return next((h for h in daemon.hooks if isinstance(h, QosHook)), None)
 
 
-def numa_hook(daemon: "Daemon") -> Optional["NumaHook"]:
+def placement(daemon: "Daemon") -> Optional["PlacementService"]:
+    """The NUMA placement service, when the NUMA hook runs."""
     from anolisnuma.hooks.numa import NumaHook
 
-    return next((h for h in daemon.hooks if isinstance(h, NumaHook) and h.config.enabled), None)
-
-
-def repinners(daemon: "Daemon") -> List[Any]:
-    """The NUMA repin loops the daemon started (its background work)."""
-    from anolisnuma.reconcile.numa import CpusetRepinner
-
-    return [t for t in getattr(daemon, "_background", ()) if isinstance(t, CpusetRepinner)]
+    return next((h.placement for h in daemon.hooks if isinstance(h, NumaHook) and h.placement is not None), None)
 
 
 # ---------------------------------------------------------------- status
@@ -96,24 +90,26 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
             "counters": dict(sorted(relay.counters.snapshot().items())),
         },
         "reconcilers": reconcilers(daemon),
+        "controllers": daemon.controllers.status(),
         "journal_pods": len(daemon.interceptor.journal),
         **surfaces,
     }
 
 
 def reconcilers(daemon: "Daemon") -> Dict[str, Any]:
+    """The loops that put drifted values back, as the operator knows them (``qos``,
+    ``numa_repin``)."""
     out: Dict[str, Any] = {}
-    qos = qos_hook(daemon)
+    qos = daemon.controllers.get("qos-reconcile")
     if qos is not None:
-        r = qos.reconciler
-        t = r.total
-        out["qos"] = {"running": r.running, "interval_seconds": r.interval, "runs": r.runs,
-                      "rewritten": t.rewritten, "tasks_moved": t.tasks_moved, "forgotten": t.forgotten,
-                      "errors": t.errors, "checked": t.checked}
-    loops = repinners(daemon)
-    if loops:
-        out["numa_repin"] = {"runs": sum(r.runs for r in loops), "applied": sum(r.applied_total for r in loops),
-                             "failed": sum(r.failed_total for r in loops)}
+        st = qos.status()
+        out["qos"] = {"running": st["running"], "interval_seconds": st["interval_seconds"], "runs": st["runs"],
+                      "rewritten": st["rewritten"], "tasks_moved": st["tasks_moved"], "forgotten": st["forgotten"],
+                      "errors": st["write_errors"] + st["errors"], "checked": st["checked"]}
+    repin = daemon.controllers.get("numa-repin")
+    if repin is not None:
+        st = repin.status()
+        out["numa_repin"] = {"runs": st["runs"], "applied": st["applied"], "failed": st["failed"] + st["errors"]}
     return out
 
 
@@ -149,10 +145,10 @@ class _PolicyFacts:
     def __init__(self, daemon: "Daemon") -> None:
         self.skip_keys = tuple(daemon.config.hooks.skip_keys)
         self.qos_hook = qos_hook(daemon)
-        self.numa_hook = numa_hook(daemon)
-        self.allocations = {a.pod_uid: a for a in self.numa_hook.allocations()} if self.numa_hook else {}
-        self.kubelet = self.numa_hook.kubelet_state if self.numa_hook else None
-        self.pool = self.numa_hook.shared_pool if self.numa_hook else None
+        self.placement = placement(daemon)
+        self.allocations = {a.pod_uid: a for a in self.placement.allocations()} if self.placement else {}
+        self.kubelet = self.placement.kubelet_state if self.placement else None
+        self.pool = self.placement.shared_pool if self.placement else None
 
     def opted_out(self, rec: PodRecord) -> Optional[str]:
         """The key that opts the pod out of every hook, if one does."""
@@ -177,8 +173,8 @@ class _PolicyFacts:
                 "containers": len(managed.containers)}
 
     def numa(self, rec: PodRecord) -> Dict[str, Any]:
-        hook = self.numa_hook
-        if hook is None:
+        placement = self.placement
+        if placement is None:
             return {"placed": False, "why": "NUMA placement off"}
         out: Dict[str, Any] = {"placed": False}
         exclusive = {}
@@ -189,7 +185,7 @@ class _PolicyFacts:
         key = self.opted_out(rec)
         alloc = self.allocations.get(rec.uid)
         if alloc is not None and alloc.sandbox_id in ("", rec.sandbox_id):
-            sel = hook.select(rec)
+            sel = placement.select(rec)
             if alloc.source == "rule":
                 why = f"rule {sel.rule.source}" if sel.rule is not None else "rule (no longer listed)"
             elif alloc.source == "adopted":
@@ -206,7 +202,7 @@ class _PolicyFacts:
         elif exclusive:
             out["why"] = "kubelet-exclusive CPUs (static CPU manager); left alone"
         else:
-            sel = hook.select(rec)
+            sel = placement.select(rec)
             out["why"] = f"managed ({sel.why}); not placed" if sel.managed else f"unmanaged ({sel.why})"
         return out
 
@@ -229,17 +225,17 @@ def _qos_skip_reason(rec: PodRecord) -> Dict[str, str]:
 def numa(daemon: "Daemon") -> Dict[str, Any]:
     """Per NUMA node: CPUs, those in the kubelet's shared pool and exclusive ones, what our
     placements use, and the pods placed there."""
-    hook = numa_hook(daemon)
-    if hook is None:
+    numa = placement(daemon)
+    if numa is None:
         return {"enabled": False}
-    allocations = hook.allocations()
-    loads = hook.ledger.loads()
-    kubelet = hook.kubelet_state
-    pool = hook.shared_pool
+    allocations = numa.allocations()
+    loads = numa.ledger.loads()
+    kubelet = numa.kubelet_state
+    pool = numa.shared_pool
     exclusive_cpus = kubelet.exclusive_cpus
     refs = {p.uid: p.ref for p in daemon.store.pods()}
     nodes = []
-    for node in hook.topology.nodes:
+    for node in numa.topology.nodes:
         load = loads.get(node.id)
         used = load.millicpu if load is not None else 0
         shared = node.cpus & pool
@@ -255,7 +251,7 @@ def numa(daemon: "Daemon") -> Dict[str, Any]:
                  ] if kubelet.is_static else []
     return {"enabled": True, "kubelet_policy": kubelet.policy, "shared_pool": str(pool),
             "kubelet_exclusive_cpus": str(exclusive_cpus), "kubelet_exclusive": exclusive,
-            "allocations": len(allocations), "pending_updates": len(hook.pending_updates()), "nodes": nodes}
+            "allocations": len(allocations), "pending_updates": len(numa.pending_updates()), "nodes": nodes}
 
 
 # ---------------------------------------------------------------- explain
@@ -284,7 +280,7 @@ def explain(daemon: "Daemon", query: str) -> List[Dict[str, Any]]:
     found = find_pods(daemon, query)
     facts = _PolicyFacts(daemon)
     by_sandbox = _containers_by_sandbox(daemon.store.containers())
-    numa = numa_hook(daemon)
+    numa = placement(daemon)
     out = []
     for uid, recs in _group_by_uid(found):
         # the sandbox that runs containers speaks for the pod (an old one may linger until removed)

@@ -82,14 +82,20 @@ def status(r: Dict[str, Any]) -> str:
                   if rows else "hooks: none")
     if knobs is not None and knobs.get("unsupported"):
         blocks.append(table(["UNSUPPORTED KNOB", "WHY"], sorted(knobs["unsupported"].items())))
-    recs = r.get("reconcilers") or {}
-    if recs:
+    loops = r.get("controllers") or {}
+    if loops:
+        basics = {"interval_seconds", "running", "runs", "errors", "last_error", "last_pass_ms"}
         rows = []
-        for name, v in sorted(recs.items()):
-            fixed = v.get("rewritten") if name == "qos" else v.get("applied")
-            errors = v.get("errors") if name == "qos" else v.get("failed")
-            rows.append([name, v.get("runs"), fixed, errors])
-        blocks.append(table(["RECONCILER", "RUNS", "DRIFT FIXED", "ERRORS"], rows))
+        for name, v in loops.items():
+            interval = v.get("interval_seconds")
+            rows.append([name, "running" if v.get("running") else "stopped",
+                         f"{interval:g}s" if interval else "on change", v.get("runs"), v.get("errors"),
+                         f"{v.get('last_pass_ms', 0):g} ms",
+                         _counts({k: n for k, n in v.items() if k not in basics}) or "-"])
+        blocks.append(table(["LOOP", "STATE", "EVERY", "RUNS", "ERRORS", "LAST PASS", "COUNTS"], rows))
+        failing = [(name, v["last_error"]) for name, v in loops.items() if v.get("last_error")]
+        if failing:
+            blocks.append(table(["LOOP", "LAST ERROR"], failing))
     return lines(*blocks)
 
 

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import structlog
 
 from anolisnuma.config import PathsConfig
+from anolisnuma.controller import Controller
 from anolisnuma.logsummary import FirstTime
 from anolisnuma.pipeline.hooks import (
     CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX, RUN_POD_SANDBOX, START_CONTAINER,
@@ -121,8 +122,10 @@ class QosHook(Hook):
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         self.prepare()
-        if self.cfg.enabled:
-            self.reconciler.start()
+
+    def controllers(self, connect: Any) -> List[Controller]:
+        """The reconciler, when enabled with an interval."""
+        return [self.reconciler] if self.cfg.enabled and self.reconciler.interval > 0 else []
 
     def close(self) -> None:
         self.reconciler.stop()
@@ -176,7 +179,7 @@ class QosHook(Hook):
     def run_once(self) -> ReconcileCounts:
         """One reconciler pass now (tests, benchmarks)."""
         self.prepare()
-        return self.reconciler.run_once()
+        return self.reconciler.step()
 
     # ------------------------------------------------------------------ admission
     def _admit(self, uid: str, ref: str, labels: Mapping[str, str], annotations: Mapping[str, str],

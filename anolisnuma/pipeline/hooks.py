@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, FrozenSet, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, FrozenSet, List, Optional
 
 from anolisnuma.state.records import ContainerRecord, PodRecord
+
+if TYPE_CHECKING:
+    from anolisnuma.controller import Controller
 
 
 class FailurePolicy(str, enum.Enum):
@@ -87,7 +90,13 @@ class Hook:
         return method in self.methods and type(self).post is not Hook.post
 
     def start(self) -> None:
-        """Start background work (reconcilers, file watchers); called once by the daemon."""
+        """Called once by the daemon after :meth:`resync`, before :meth:`controllers`."""
+
+    def controllers(self, connect: Callable[[Optional[float]], Any]) -> List["Controller"]:
+        """The background loops this hook needs (reconcilers, watchers); the daemon
+        registers, starts and stops them. ``connect(timeout_seconds)`` opens a new client
+        to containerd (None: its default timeout) for a loop that calls it."""
+        return []
 
     def resync(self, pods: List[PodRecord], containers: List[ContainerRecord]) -> None:
         """Called at start, after the store was reconciled with containerd: ``pods`` and

@@ -2,7 +2,7 @@
 
 Every ``interval_seconds``, :class:`AffinityController`:
 
-1. lists the managed pods from the NUMA ledger and one PID per pod (a container's
+1. lists the managed pods from the placement service's ledger and one PID per pod (a container's
    ``info.pid`` from containerd's verbose ContainerStatus, cached per container);
 2. samples the :class:`~anolisnuma.system.traffic.TrafficObserver` (pod-pair bytes/s since
    the previous sample) and folds the **raw** rates into an
@@ -11,25 +11,25 @@ Every ``interval_seconds``, :class:`AffinityController`:
 3. calls :func:`~anolisnuma.policies.numa.affinity.plan_moves` with where every pod is, the
    free shared-pool capacity per node and the configured constraints (threshold, cap,
    cool-down, minimum improvement);
-4. applies each move with ``NumaHook.move_pod`` (capacity, exclusive CPUs and rule pins
-   are checked again under the hook's lock; the ledger is persisted, so a move survives a
-   restart), then has the re-pinner apply them at once; a re-pin that fails rolls the move
-   back (``NumaHook.apply_failed``).
+4. applies each move with ``PlacementService.move`` (capacity, exclusive CPUs and rule
+   pins are checked again under the service's lock; the ledger is persisted, so a move
+   survives a restart), then has the re-pinner apply them at once; a re-pin that fails
+   rolls the move back (``PlacementService.apply_failed``).
 
 Each move is logged (which pair, bytes/s, from which node to which, why) and counted in
 :attr:`AffinityController.counters` (``samples``, ``moves``, ``moves_refused``,
-``moves_rolled_back``, ``errors``).
+``moves_rolled_back``; failed passes are the controller's ``errors``).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import structlog
 
+from anolisnuma.controller import Controller
 from anolisnuma.pipeline.metrics import Counters
 from anolisnuma.policies.numa.affinity import AffinityGraph, Move, MoveConstraints, PodPlacement, free_millicpu, plan_moves
 from anolisnuma.policies.numa.config import AffinityConfig
@@ -75,15 +75,18 @@ class ContainerPids:
             close()
 
 
-class AffinityController:
-    """``AffinityController(hook, observer, pids, config, apply=None)``: ``hook`` is the
-    NumaHook, ``pids`` something with ``pid(container_id)`` (:class:`ContainerPids`),
-    ``apply`` a callable that applies the hook's pending re-pins now (the re-pinner's
+class AffinityController(Controller):
+    """``AffinityController(placement, observer, pids, config, apply=None)``: ``placement``
+    is the :class:`~anolisnuma.placement.service.PlacementService`, ``pids`` something with ``pid(container_id)`` (:class:`ContainerPids`),
+    ``apply`` a callable that applies the service's pending re-pins now (the re-pinner's
     ``run_once``); without it they wait for the re-pinner's next pass."""
 
-    def __init__(self, hook: Any, observer: TrafficObserver, pids: Any, config: AffinityConfig,
+    name = "numa-affinity"
+
+    def __init__(self, placement: Any, observer: TrafficObserver, pids: Any, config: AffinityConfig,
                  apply: Optional[Callable[[], Any]] = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.hook = hook
+        super().__init__()
+        self.placement = placement
         self.observer = observer
         self.pids = pids
         self.config = config
@@ -94,13 +97,11 @@ class AffinityController:
         self.counters = Counters()
         self.last_moved: Dict[str, float] = {}
         self.last_moves: List[Move] = []
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------------ one pass
     def run_once(self) -> List[Move]:
         """Sample, plan, move; returns the moves that were made (and not rolled back)."""
-        allocs = {a.pod_uid: a for a in self.hook.allocations()}
+        allocs = {a.pod_uid: a for a in self.placement.allocations()}
         pods: Dict[str, PodProcess] = {}
         for uid, a in allocs.items():
             for cid in sorted(a.containers):
@@ -128,17 +129,17 @@ class AffinityController:
         if not affine:
             return []
         now = self.clock()
-        kstate = self.hook.kubelet_state
-        in_flight = set(self.hook.moves_in_flight())
+        kstate = self.placement.kubelet_state
+        in_flight = set(self.placement.moves_in_flight())
         placements = {uid: PodPlacement(nodes=tuple(a.nodes), millicpu=a.demand_millicpu(),
-                                        rule_pinned=self.hook.rule_pinned(a) or uid in in_flight,
+                                        rule_pinned=self.placement.rule_pinned(a) or uid in in_flight,
                                         exclusive=kstate.has_exclusive(uid))
                       for uid, a in allocs.items()}
         constraints = MoveConstraints(
-            free=free_millicpu(self.hook.topology, self.hook.shared_pool, placements),
+            free=free_millicpu(self.placement.topology, self.placement.shared_pool, placements),
             max_moves=self.config.max_moves_per_interval, min_improvement=self.config.min_improvement,
             cooldown=self.config.cooldown_seconds, now=now, last_moved=dict(self.last_moved))
-        moves = plan_moves(self.hook.topology, placements, affine, constraints)
+        moves = plan_moves(self.placement.topology, placements, affine, constraints)
         made: List[Move] = []
         refused_plans = set()
         for m in moves:
@@ -154,10 +155,10 @@ class AffinityController:
                 self.counters.add("moves_refused")
                 log.info("affinity move skipped: an earlier move of its plan was refused", **fields)
                 continue
-            if not self.hook.move_pod(m.pod, m.to_nodes, m.describe()):
+            if not self.placement.move(m.pod, m.to_nodes, m.describe()):
                 refused_plans.add(m.plan)
                 self.counters.add("moves_refused")
-                log.info("affinity move refused by the NUMA placement", **fields)
+                log.info("affinity move refused by the placement service", **fields)
                 continue
             self.last_moved[m.pod] = now
             made.append(m)
@@ -165,7 +166,7 @@ class AffinityController:
         if made and self.apply is not None:
             self.apply()
         kept: List[Move] = []
-        after = {a.pod_uid: a for a in self.hook.allocations()}
+        after = {a.pod_uid: a for a in self.placement.allocations()}
         for m in made:
             a = after.get(m.pod)
             if a is not None and tuple(a.nodes) == tuple(m.to_nodes):
@@ -177,24 +178,12 @@ class AffinityController:
         self.last_moves = kept
         return kept
 
-    # ------------------------------------------------------------------ background loop
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="numa-affinity", daemon=True)
-        self._thread.start()
+    # ------------------------------------------------------------------ controller
+    def counts(self) -> Dict[str, int]:
+        snap = self.counters.snapshot()
+        return {k: snap.get(k, 0) for k in ("samples", "moves", "moves_refused", "moves_rolled_back")}
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception as e:
-                self.counters.add("errors")
-                log.error("NUMA affinity pass failed", error=repr(e))
-            self._stop.wait(self.interval)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def closed(self) -> None:
         self.observer.close()
         close = getattr(self.pids, "close", None)
         if close is not None:

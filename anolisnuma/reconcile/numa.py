@@ -1,11 +1,11 @@
 """Applies NUMA placements that no kubelet call will carry to containerd.
 
 Containers adopted at start-up without our pinning, or whose edited CreateContainer never
-reached containerd, are listed by ``NumaHook.pending_updates()``; this loop sends each an
-UpdateContainerResources with the cpuset the placement wants (the other resources are
-left as they are: containerd only changes the fields that are set). Live moves
-(``NumaHook.move_pod``, traffic affinity) are applied the same way; a move whose re-pin
-fails is rolled back by the hook (``apply_failed``), other failures are retried.
+reached containerd, are listed by ``PlacementService.pending_updates()``; this loop sends
+each an UpdateContainerResources with the cpuset the placement wants (the other resources
+are left as they are: containerd only changes the fields that are set). Live moves
+(``PlacementService.move``, traffic affinity) are applied the same way; a move whose
+re-pin fails is rolled back by the service (``apply_failed``), other failures are retried.
 ``run_once`` may be called from another thread (the affinity controller applies its moves
 at once): passes are serialized.
 """
@@ -13,23 +13,29 @@ at once): passes are serialized.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Dict
 
 import structlog
+
+from anolisnuma.controller import Controller
 
 log = structlog.get_logger("anolisnuma.numa")
 
 
-class CpusetRepinner:
-    def __init__(self, hook: Any, client: Any, interval_seconds: float = 5.0) -> None:
-        self.hook = hook
+class CpusetRepinner(Controller):
+    """``CpusetRepinner(placement, client)``: ``placement`` is the
+    :class:`~anolisnuma.placement.service.PlacementService`, ``client`` a CriClient."""
+
+    name = "numa-repin"
+    run_at_start = True   # placements adopted at start-up are applied before READY
+
+    def __init__(self, placement: Any, client: Any, interval_seconds: float = 5.0) -> None:
+        super().__init__()
+        self.placement = placement
         self.client = client
         self.interval = interval_seconds
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         self._pass = threading.Lock()
-        self.runs = 0       # passes made; placements applied and refused, summed (metrics)
-        self.applied_total = 0
+        self.applied_total = 0   # placements applied and refused, summed (metrics)
         self.failed_total = 0
 
     def run_once(self) -> int:
@@ -41,7 +47,7 @@ class CpusetRepinner:
         from cri_proto import api_pb2
 
         applied = 0
-        todo = list(self.hook.pending_updates())
+        todo = list(self.placement.pending_updates())
         failed_now = set()
         while todo:
             container_id, cpus, mems = todo.pop(0)
@@ -54,34 +60,20 @@ class CpusetRepinner:
                 log.warning("cannot apply NUMA placement", container_id=container_id, cpus=cpus,
                             mems=mems, error=error)
                 failed_now.add(container_id)
-                rollback = getattr(self.hook, "apply_failed", None)
-                if rollback is not None and rollback(container_id, error):
+                if self.placement.apply_failed(container_id, error):
                     # a live move was rolled back: its other containers are no longer to be
                     # moved, and those already moved are to be moved back
-                    todo = [u for u in self.hook.pending_updates() if u[0] not in failed_now]
+                    todo = [u for u in self.placement.pending_updates() if u[0] not in failed_now]
                 continue
-            self.hook.mark_applied(container_id, cpus, mems)
+            self.placement.mark_applied(container_id, cpus, mems)
             applied += 1
             log.info("NUMA placement applied to a running container", container_id=container_id,
                      cpus=cpus, mems=mems)
-        self.runs += 1
         self.applied_total += applied
         return applied
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="numa-repin", daemon=True)
-        self._thread.start()
+    def counts(self) -> Dict[str, int]:
+        return {"applied": self.applied_total, "failed": self.failed_total}
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except Exception as e:
-                log.error("NUMA repin pass failed", error=repr(e))
-            self._stop.wait(self.interval)
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    def closed(self) -> None:
         self.client.close()

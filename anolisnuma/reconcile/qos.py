@@ -19,12 +19,12 @@ import enum
 import errno
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import structlog
 
+from anolisnuma.controller import Controller
 from anolisnuma.policies.qos.levels import QosLevel
 from anolisnuma.policies.qos.plan import KnobSetting, sched_core_conflict
 from anolisnuma.system import knobs
@@ -446,20 +446,20 @@ class QosApplier:
             self.resctrl_ready.add(name)
 
 
-class QosReconciler:
+class QosReconciler(Controller):
     """Periodic re-apply over every managed pod; see the module docstring."""
+
+    name = "qos-reconcile"
 
     def __init__(self, state: QosState, applier: QosApplier, interval_seconds: float,
                  log: Any = None) -> None:
+        super().__init__()
         self.state = state
         self.applier = applier
         self.interval = interval_seconds
         self.log = log if log is not None else structlog.get_logger(_LOG)
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         self.last: Optional[ReconcileCounts] = None
-        self.runs = 0                      # passes made, and their counts summed (metrics)
-        self.total = ReconcileCounts()
+        self.total = ReconcileCounts()     # the passes' counts summed (metrics)
 
     def run_once(self) -> ReconcileCounts:
         counts = ReconcileCounts()
@@ -504,37 +504,15 @@ class QosReconciler:
             pods=counts.pods, checked=t.checked + counts.checked, rewritten=t.rewritten + counts.rewritten,
             tasks_moved=t.tasks_moved + counts.tasks_moved, forgotten=t.forgotten + counts.forgotten,
             errors=t.errors + counts.errors)
-        self.runs += 1
 
-    # ------------------------------------------------------------------ thread
-    def start(self) -> None:
-        if self.interval <= 0 or self._thread is not None:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="qos-reconciler", daemon=True)
-        self._thread.start()
+    # ------------------------------------------------------------------ controller
+    def counts(self) -> Dict[str, int]:
+        t = self.total
+        return {"checked": t.checked, "rewritten": t.rewritten, "tasks_moved": t.tasks_moved,
+                "forgotten": t.forgotten, "write_errors": t.errors}
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        t = self._thread
-        if t is not None:
-            t.join(timeout)
-        self._thread = None
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            started = time.process_time()
-            try:
-                c = self.run_once()
-            except Exception as e:  # a bug must not end the loop
-                self.log.exception("qos reconcile pass failed", error=str(e))
-                continue
-            level = self.log.info if (c.rewritten or c.forgotten or c.tasks_moved or c.errors) \
-                else self.log.debug
-            level("qos reconcile pass", pods=c.pods, checked=c.checked, rewritten=c.rewritten,
-                  tasks_moved=c.tasks_moved, forgotten=c.forgotten, errors=c.errors,
-                  cpu_ms=round((time.process_time() - started) * 1000, 2))
+    def passed(self, c: ReconcileCounts) -> None:
+        level = self.log.info if (c.rewritten or c.forgotten or c.tasks_moved or c.errors) else self.log.debug
+        level("qos reconcile pass", pods=c.pods, checked=c.checked, rewritten=c.rewritten,
+              tasks_moved=c.tasks_moved, forgotten=c.forgotten, errors=c.errors,
+              ms=round(self.last_pass_seconds * 1000, 2))

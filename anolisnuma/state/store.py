@@ -2,8 +2,8 @@
 
 Keyed by containerd's sandbox and container IDs, because the ID-only calls (StartContainer,
 UpdateContainerResources, Stop*/Remove*) are only meaningful with what RunPodSandbox and
-CreateContainer told us. Writes go to disk from one background thread so the relay never
-waits for fsync; the newest snapshot always wins, and a ``kill -9`` loses at most the last
+CreateContainer told us. Writes go to disk from one background loop (:class:`StoreWriter`,
+woken by every change) so the relay never waits for fsync; the newest snapshot always wins, and a ``kill -9`` loses at most the last
 change, which the start-up resync with containerd restores.
 """
 
@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 
 import structlog
 
+from anolisnuma.controller import Controller
 from anolisnuma.state.persist import atomic_write_bytes, load_json_state
 from anolisnuma.state.records import ContainerRecord, PodRecord
 
@@ -35,12 +36,10 @@ class Store:
         self._pod_json: Dict[str, str] = {}
         self._container_json: Dict[str, str] = {}
         self._path = os.path.join(state_dir, STORE_FILE) if state_dir else None
-        self._dirty = threading.Event()
-        self._stop = False
         self._saved = threading.Condition()
         self._version = 0
         self._saved_version = 0
-        self._writer: Optional[threading.Thread] = None
+        self.writer = StoreWriter(self)
 
     # ---------------------------------------------------------------- queries
     def pod(self, sandbox_id: str) -> Optional[PodRecord]:
@@ -115,16 +114,16 @@ class Store:
         return True
 
     def start(self) -> None:
-        if self._path and self._writer is None:
-            self._writer = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
-            self._writer.start()
+        """Start the writer loop (the daemon registers it with its controllers)."""
+        if self._path:
+            self.writer.start()
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until everything changed so far is on disk (or written synchronously when
         the writer thread is not running)."""
         if not self._path:
             return True
-        if self._writer is None:
+        if not self.writer.running:
             self._write_once()
             return True
         with self._saved:
@@ -133,16 +132,12 @@ class Store:
 
     def close(self) -> None:
         self.flush()
-        self._stop = True
-        self._dirty.set()
-        if self._writer is not None:
-            self._writer.join(timeout=5)
-            self._writer = None
+        self.writer.stop()
 
     def _changed(self) -> None:
         with self._saved:
             self._version += 1
-        self._dirty.set()
+        self.writer.wake()
 
     def _snapshot(self) -> bytes:
         with self._lock:
@@ -161,13 +156,21 @@ class Store:
             self._saved_version = max(self._saved_version, version)
             self._saved.notify_all()
 
-    def _write_loop(self) -> None:
-        while True:
-            self._dirty.wait()
-            self._dirty.clear()
-            if self._stop:
-                return
-            self._write_once()
+
+class StoreWriter(Controller):
+    """Writes the store's snapshot whenever it changed (woken by each change; a burst of
+    changes is one write: the newest snapshot wins)."""
+
+    name = "store-writer"
+    interval = 0.0
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store = store
+
+    def run_once(self) -> None:
+        if self.store._path:
+            self.store._write_once()
 
 
 def _encode(record: dict) -> str:

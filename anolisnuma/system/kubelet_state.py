@@ -18,7 +18,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import structlog
 
@@ -140,38 +140,3 @@ class CpuManagerStateFile:
             changed = new != self._state
             self._state = new
             return new if changed else None
-
-
-class Poller:
-    """A daemon thread that calls each of ``checks`` every ``interval`` seconds until stopped.
-
-    A check that raises is logged and the loop goes on.
-    """
-
-    def __init__(self, interval: float, checks: List[Callable[[], None]], name: str = "numa-poller") -> None:
-        self.interval = interval
-        self.checks = list(checks)
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._name = name
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            for check in self.checks:
-                try:
-                    check()
-                except Exception as e:  # the watcher must outlive any single bad read
-                    log.warning("periodic check failed", check=getattr(check, "__name__", repr(check)),
-                                error=str(e) or repr(e))
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None

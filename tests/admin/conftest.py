@@ -196,7 +196,8 @@ def node_config(base: str, sockdir: str, backend: str, kernel: FakeKernel) -> Di
                   "proc_root": paths.proc_root, "state_dir": paths.state_dir,
                   "kubelet_cpu_manager_state": paths.kubelet_cpu_manager_state},
         "qos": {"enabled": True, "reconcile_interval_seconds": 1.0},
-        "numa": {"enabled": True, "namespaces": ["batch"], "poll_interval_seconds": 0.1},
+        "numa": {"enabled": True, "namespaces": ["batch"], "poll_interval_seconds": 0.1,
+                 "affinity": {"enabled": True, "interval_seconds": 0.1}},
         "admin": {"socket": os.path.join(sockdir, "admin.sock")},
         "metrics": {"listen": "127.0.0.1:0"},
     })

@@ -8,7 +8,7 @@ import json
 import os
 import stat
 
-from conftest import EXCLUSIVE_POD_UID, Node
+from conftest import EXCLUSIVE_POD_UID, Node, wait_for
 
 from anolisnuma.logsetup import flush as flush_logs
 from anolisnuma.testing.proxy import read_log
@@ -66,6 +66,14 @@ def test_status_says_what_runs_and_how_it_goes(node):
     assert s["relay"]["connections"] == 1
     assert s["relay"]["buffer_bytes"] == 0 < s["relay"]["buffer_peak_bytes"]
     assert s["relay"]["buffer_limit_bytes"] == 64 << 20
+    # every background loop, registered in one place, with its own counts
+    loops = s["controllers"]
+    assert set(loops) == {"store-writer", "numa-watch", "numa-repin", "numa-affinity", "qos-reconcile"}
+    assert all(v["running"] and v["errors"] == 0 for v in loops.values()), loops
+    assert loops["store-writer"]["runs"] >= 1 and loops["store-writer"]["interval_seconds"] == 0
+    loops = wait_for(lambda: (lambda c: c if c["numa-affinity"]["samples"] >= 2 and c["numa-watch"]["runs"] >= 1
+                              else None)(node.ctl_json("status")["controllers"]), "the affinity loop to sample")
+    assert loops["numa-affinity"]["moves"] == 0 and loops["numa-repin"]["applied"] == 0
 
     code, out, err = node.ctl("status")
     assert code == 0, err
@@ -74,6 +82,10 @@ def test_status_says_what_runs_and_how_it_goes(node):
                                                  "POST FAILED"]
     assert ["kernel.sched_core", f"{node.kernel.paths.proc_root}/sys/kernel/sched_core does not exist"] in \
         rows_of(out.split("\n\n")[2])
+    loop_rows = rows_of(out.split("\n\n")[3])
+    assert loop_rows[0] == ["LOOP", "STATE", "EVERY", "RUNS", "ERRORS", "LAST PASS", "COUNTS"]
+    affinity = next(r for r in loop_rows if r[0] == "numa-affinity")
+    assert affinity[1:3] == ["running", "0.1s"] and any(c.startswith("samples=") for c in affinity)
 
     node.fake.stop(0)   # containerd goes away: status says so, at once
     s = node.ctl_json("status")

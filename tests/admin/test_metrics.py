@@ -115,6 +115,17 @@ def test_reconciler_runs_and_drift_fixed(node):
     assert value(after, "anolisnuma_reconcile_runs_total", reconciler="numa_repin") >= 1
     recs = node.ctl_json("status")["reconcilers"]
     assert recs["qos"]["rewritten"] >= 1
+    # every background loop under one family, with its own counts as events
+    after = wait_for(lambda: (lambda m: m if all(value(m, "anolisnuma_controller_runs_total", controller=c) >= 1
+                                                 for c in ("numa-watch", "numa-affinity")) else None)(scrape(node)),
+                     "a pass of the watcher and of the affinity loop")
+    for name in ("store-writer", "numa-watch", "numa-repin", "numa-affinity", "qos-reconcile"):
+        assert value(after, "anolisnuma_controller_runs_total", controller=name) >= 1, name
+        assert value(after, "anolisnuma_controller_errors_total", controller=name) == 0, name
+        assert value(after, "anolisnuma_controller_last_pass_seconds", controller=name) >= 0, name
+    assert value(after, "anolisnuma_controller_events_total", controller="numa-affinity", event="samples") >= 1
+    assert value(after, "anolisnuma_controller_events_total", controller="numa-affinity", event="moves") == 0
+    assert value(after, "anolisnuma_controller_events_total", controller="qos-reconcile", event="rewritten") >= 1
 
 
 def test_relay_buffers_and_daemon_gauges(node):

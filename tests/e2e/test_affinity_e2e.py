@@ -17,7 +17,6 @@ from anolisnuma.cri.client import CriClient
 from anolisnuma.daemon import build_hooks
 from anolisnuma.policies.numa.config import AffinityConfig
 from anolisnuma.reconcile.affinity import AffinityController, ContainerPids
-from anolisnuma.reconcile.numa import CpusetRepinner
 from anolisnuma.system.traffic import PodProcess, TrafficObserver, TrafficSample, TrafficSource, pod_pair
 from anolisnuma.testing.proxy import InProcessProxy
 
@@ -55,10 +54,10 @@ def test_talking_pods_are_moved_together_live_and_the_move_survives_a_restart(co
         assert alloc_of(hook, a.uid).nodes == (0,) and alloc_of(hook, b.uid).nodes == (1,)
         assert (real_cpus(direct, ca), real_cpus(direct, cb)) == ("0", "1")
 
-        repinner = next(t for t in proxy.daemon._background if isinstance(t, CpusetRepinner))
+        repinner = proxy.daemon.controllers.get("numa-repin")
         source = ScriptedSource({(a.uid, b.uid): 20e6})
         pids = ContainerPids(CriClient(containerd.socket, timeout_seconds=10.0))
-        ctl = AffinityController(hook, TrafficObserver(source), pids,
+        ctl = AffinityController(hook.placement, TrafficObserver(source), pids,
                                  AffinityConfig(enabled=True, threshold_bytes_per_second=1e6, confirm_samples=2,
                                                 half_life_seconds=10.0),
                                  apply=repinner.run_once)
@@ -67,14 +66,14 @@ def test_talking_pods_are_moved_together_live_and_the_move_survives_a_restart(co
             for _ in range(3):
                 moved += ctl.run_once()
         finally:
-            ctl.close()
+            ctl.stop()
         # the PIDs came from containerd's ContainerStatus (info.pid), one per pod
         assert set(source.asked) == {a.uid, b.uid} and all(p.pid > 1 for p in source.asked.values())
         assert len(moved) == 1 and ctl.counters["moves"] == 1
         node = moved[0].to_nodes[0]
         assert alloc_of(hook, a.uid).nodes == alloc_of(hook, b.uid).nodes == (node,)
         assert real_cpus(direct, ca) == real_cpus(direct, cb) == str(node)   # the real cgroups
-        assert hook.pending_updates() == [] and hook.moves_in_flight() == []
+        assert hook.placement.pending_updates() == [] and hook.placement.moves_in_flight() == []
 
         # restart the proxy: the ledger was persisted, the resync agrees with the cgroups
         proxy.stop()
@@ -84,7 +83,7 @@ def test_talking_pods_are_moved_together_live_and_the_move_survives_a_restart(co
         proxy.wait_resynced()
         assert alloc_of(hook, a.uid).nodes == alloc_of(hook, b.uid).nodes == (node,)
         assert alloc_of(hook, moved[0].pod).source == "affinity"
-        assert hook.pending_updates() == []
+        assert hook.placement.pending_updates() == []
         assert real_cpus(direct, ca) == real_cpus(direct, cb) == str(node)
     finally:
         if kl is not None:

@@ -184,7 +184,7 @@ def check_pinned(direct: KubeletLike, hook: NumaHook, kl: KubeletLike, results: 
     # the hook's ledger: one node per pod, every created container counted (the post-hook
     # runs just after the reply reached the client), nothing left pending
     def ledger_complete() -> Optional[Dict[str, Any]]:
-        allocs = {a.pod_uid: a for a in hook.allocations()}
+        allocs = {a.pod_uid: a for a in hook.placement.allocations()}
         for uid, cids in by_pod.items():
             a = allocs.get(uid)
             if a is None or set(a.containers) != set(cids) or a.pending:

@@ -205,22 +205,22 @@ def inprocess_numa_proxy(containerd: Any, base: str, direct: KubeletLike,
 
 
 def alloc_of(hook: NumaHook, uid: str) -> Any:
-    for a in hook.allocations():
+    for a in hook.placement.allocations():
         if a.pod_uid == uid:
             return a
     return None
 
 
 def check_ledger_consistent(hook: NumaHook) -> None:
-    assert hook.ledger.loads() == hook.ledger.recomputed_loads()
+    assert hook.placement.ledger.loads() == hook.placement.ledger.recomputed_loads()
 
 
 # ------------------------------------------------------------------------------ 1. balance
 
 def test_balance_pins_real_cgroups_and_merges_kubelet_updates(containerd, direct, tmp_path):
     with inprocess_numa_proxy(containerd, str(tmp_path), direct) as (proxy, hook, kl, data):
-        assert str(hook.topology.cpus) == "0-1" and len(hook.topology.nodes) == 2
-        assert str(hook.shared_pool) == "0-1"
+        assert str(hook.placement.topology.cpus) == "0-1" and len(hook.placement.topology.nodes) == 2
+        assert str(hook.placement.shared_pool) == "0-1"
 
         # (name, pod-level resources, [(container, resources)], expected node)
         # Expected by the documented rule: most free capacity (1000 m per CPU), then fewer
@@ -256,7 +256,7 @@ def test_balance_pins_real_cgroups_and_merges_kubelet_updates(containerd, direct
                 assert mems == "0"  # memory_pinning = "off": the parent's mems
         per_node = [sum(1 for n in placed.values() if n == i) for i in (0, 1)]
         assert per_node == [3, 3]
-        loads = hook.ledger.loads()
+        loads = hook.placement.ledger.loads()
         assert (loads[0].millicpu, loads[1].millicpu) == (600, 900)
         check_ledger_consistent(hook)
 
@@ -270,7 +270,7 @@ def test_balance_pins_real_cgroups_and_merges_kubelet_updates(containerd, direct
         assert real_cpus(direct, other_asked) == "1"       # what the client asked
         assert real_cpus(direct, skipped_c) == "0-1"
         assert alloc_of(hook, other.uid) is None and alloc_of(hook, skipped.uid) is None
-        assert hook.ledger.loads() == loads
+        assert hook.placement.ledger.loads() == loads
 
         # The kubelet re-sends the shared pool: merged, our pinning kept, the rest applied.
         pod, (main, side), _ = pods["burst-a"]
@@ -299,10 +299,10 @@ def test_balance_pins_real_cgroups_and_merges_kubelet_updates(containerd, direct
         kl.stop_pod(pods["late"][0])
         kl.remove_pod(pods["late"][0])
         assert alloc_of(hook, pods["late"][0].uid) is None
-        assert hook.ledger.loads()[1].millicpu == 600
+        assert hook.placement.ledger.loads()[1].millicpu == 600
         assert pods["late"][0].uid not in {a["pod_uid"] for a in load_numa_state(data["paths"]["state_dir"])}
         kl.cleanup()
-        assert hook.allocations() == []
+        assert hook.placement.allocations() == []
 
 
 # ------------------------------------------------------------------------------ 2. kubelet CPU manager
@@ -314,7 +314,7 @@ def test_kubelet_static_cpu_manager_exclusive_cpu_never_used(containerd, direct,
     write_cpu_manager_state(state_path, default_cpuset="1", entries={excl_uid: {"pinned": "0"}})
     with inprocess_numa_proxy(containerd, base, direct) as (proxy, hook, kl, data):
         assert data["paths"]["kubelet_cpu_manager_state"] == state_path
-        assert str(hook.shared_pool) == "1"
+        assert str(hook.placement.shared_pool) == "1"
 
         # The Guaranteed pod that owns CPU 0: its exclusive container keeps it, its shared
         # container is placed within the shared pool.
@@ -338,7 +338,7 @@ def test_kubelet_static_cpu_manager_exclusive_cpu_never_used(containerd, direct,
                 assert real_cpus(direct, cid) == "1"
         assert pinned not in alloc_of(hook, excl_uid).containers
         # Exclusive CPU 0 appears in no placement and no managed cgroup.
-        assert all(str(a.cpus(hook.shared_pool)) == "1" for a in hook.allocations())
+        assert all(str(a.cpus(hook.placement.shared_pool)) == "1" for a in hook.placement.allocations())
 
         # The kubelet re-sends the shared pool to a shared container: nothing moves.
         kl.update_resources(others[0][1][0], kl.resources(cpu_shares=2, cpuset_cpus="1"))
@@ -352,7 +352,7 @@ def test_kubelet_static_cpu_manager_exclusive_cpu_never_used(containerd, direct,
         kl.stop_pod(g)
         kl.remove_pod(g)
         write_cpu_manager_state(state_path, default_cpuset="0-1")
-        _wait(lambda: str(hook.shared_pool) == "0-1", "the new shared pool")
+        _wait(lambda: str(hook.placement.shared_pool) == "0-1", "the new shared pool")
         late = kl.run_pod(name="after-release", namespace=NS)
         late_c = kl.run_container(late, "a", res(kl, cpuset="0-1"))
         assert alloc_of(hook, late.uid).nodes == (0,)

@@ -231,24 +231,24 @@ def test_every_container_of_a_pod_gets_the_same_cpuset(seed):
     cids = [seed.create(pod, n, request=500) for n in ("app", "sidecar", "log")]
     assert len({str(seed.cpus_of(c)) for c in cids}) == 1
     assert len({seed.mems_of(c) for c in cids}) == 1
-    assert seed.hook.ledger.get(pod.uid).demand_millicpu() == 1500
+    assert seed.hook.placement.ledger.get(pod.uid).demand_millicpu() == 1500
 
 
 def test_unmanaged_and_opted_out_pods_are_untouched(seed):
     for pod in (seed.run_pod("x", namespace="default"), seed.run_pod("y", annotations={SKIP_KEY: "true"})):
         seed.create(pod, "app", request=1000)
         assert not seed.last_call.modified and "numa" not in seed.last_call.notes
-    assert len(seed.hook.ledger) == 0
+    assert len(seed.hook.placement.ledger) == 0
     assert not os.path.exists(os.path.join(seed.paths.state_dir, "numa.json"))
 
 
 def test_pod_level_resources_count_from_the_first_container(seed):
     big = seed.run_pod("big", pod_millicpu=3000)
     seed.create(big, "tiny", request=100)
-    assert seed.hook.ledger.get(big.uid).demand_millicpu() == 3000
+    assert seed.hook.placement.ledger.get(big.uid).demand_millicpu() == 3000
     small = seed.run_pod("small")
     seed.create(small, "app", request=100)
-    assert seed.hook.ledger.get(small.uid).nodes != seed.hook.ledger.get(big.uid).nodes
+    assert seed.hook.placement.ledger.get(small.uid).nodes != seed.hook.placement.ledger.get(big.uid).nodes
 
 
 def test_memory_limit_widens_memory_nodes(seed):
@@ -326,7 +326,7 @@ def test_pod_follows_the_pool_when_it_leaves_the_pods_node(tmp_path):
         node.set_kubelet_state("32-127", {g.uid: {"app": "0-31"}})
     assert str(node.cpus_of(a)) == str(node.cpus_of(b)) == "32-63"     # node 1: nearest to node 0
     assert node.mems_of(a) == node.mems_of(b) == "1"
-    assert node.hook.ledger.get(pod.uid).nodes == (1,)
+    assert node.hook.placement.ledger.get(pod.uid).nodes == (1,)
     assert any("re-placed" in e["event"] for e in logs)
 
 
@@ -335,22 +335,23 @@ def test_update_without_cpuset_keeps_our_pinning_and_resizes(seed):
     cid = seed.create(pod, "app", request=1000)
     call = seed.update(cid, "", cpu_shares=2048, cpu_period=PERIOD, cpu_quota=-1)
     assert call.request.linux.cpuset_cpus == "0-3"
-    assert seed.hook.ledger.get(pod.uid).demand_millicpu() == 2000
+    assert seed.hook.placement.ledger.get(pod.uid).demand_millicpu() == 2000
 
 
 def test_kubelet_state_file_is_watched(tmp_path):
     node = kunpeng_static(tmp_path, poll_interval_seconds=0.05)
-    node.hook.start()
+    watcher = next(c for c in node.hook.controllers(lambda timeout: None) if c.name == "numa-watch")
+    watcher.start()
     try:
         node.default = CpuSet.parse("4-127")
         node.entries = {"u": {"c": "0-3"}}
         node._write_state()
         deadline = time.time() + 5
-        while time.time() < deadline and str(node.hook.shared_pool) != "4-127":
+        while time.time() < deadline and str(node.hook.placement.shared_pool) != "4-127":
             time.sleep(0.02)
-        assert str(node.hook.shared_pool) == "4-127"
+        assert str(node.hook.placement.shared_pool) == "4-127"
     finally:
-        node.hook.close()
+        watcher.stop()
 
 
 # ====================================================================== rules
@@ -397,7 +398,7 @@ apiVersion: resource.sop.huawei.com/v1alpha1
 kind: Oenuma
 spec: {node: [{name: WORKER-1, podAffinity: [{namespace: default, podName: wrk, numaNum: 1}]}]}
 """)
-    node.hook.reload_rules()
+    node.hook.placement.reload_rules()
     wrk = node.run_pod("wrk", namespace="default")
     assert str(node.cpus_of(node.create(wrk, "app"))) == "4-7"
 
@@ -407,11 +408,11 @@ def test_release_returns_capacity_idempotently(seed):
     pod = seed.run_pod("p")
     a = seed.create(pod, "a", request=1000)
     seed.create(pod, "b", request=1000)
-    assert seed.hook.ledger.loads()[0].millicpu == 2000
+    assert seed.hook.placement.ledger.loads()[0].millicpu == 2000
     seed.remove_container(a)
-    assert seed.hook.ledger.loads()[0].millicpu == 1000
+    assert seed.hook.placement.ledger.loads()[0].millicpu == 1000
     seed.remove_pod(pod)
-    assert all(load.millicpu == 0 and load.pods == 0 for load in seed.hook.ledger.loads().values())
+    assert all(load.millicpu == 0 and load.pods == 0 for load in seed.hook.placement.ledger.loads().values())
     seed.remove_pod(pod)      # the kubelet retries: nothing happens
     assert seed.saved()["allocations"] == []
 
@@ -434,7 +435,7 @@ def test_restart_restores_and_resync_reconciles(seed):
     del seed.pods[gone.sandbox_id]
     seed.containers = {k: v for k, v in seed.containers.items() if v.sandbox_id != gone.sandbox_id}
     seed.restart()
-    ledger = seed.hook.ledger
+    ledger = seed.hook.placement.ledger
     assert gone.uid not in ledger and keep.uid in ledger
     assert ledger.by_container(k1).pod_uid == keep.uid and ledger.by_container(c1).pod_uid == crashed.uid
     assert ledger.get(crashed.uid).pending == {}
@@ -445,16 +446,16 @@ def test_restart_restores_and_resync_reconciles(seed):
 def test_corrupt_state_is_rebuilt_from_containerd(seed):
     pods = [seed.run_pod(f"p{i}") for i in range(3)]
     cids = [seed.create(p, "app", request=1000) for p in pods]
-    before = {p.uid: seed.hook.ledger.get(p.uid).nodes for p in pods}
+    before = {p.uid: seed.hook.placement.ledger.get(p.uid).nodes for p in pods}
     with open(os.path.join(seed.paths.state_dir, "numa.json"), "w") as f:
         f.write("{garbage")
     with capture_logs() as logs:
         seed.restart()
     assert any("corrupt" in e["event"] for e in logs)
-    after = {p.uid: seed.hook.ledger.get(p.uid).nodes for p in pods}
+    after = {p.uid: seed.hook.placement.ledger.get(p.uid).nodes for p in pods}
     assert after == before
-    assert all(seed.hook.ledger.get(p.uid).source == "adopted" for p in pods)
-    assert seed.hook.pending_updates() == []
+    assert all(seed.hook.placement.ledger.get(p.uid).source == "adopted" for p in pods)
+    assert seed.hook.placement.pending_updates() == []
     # a new pod still avoids the occupied nodes
     new = seed.run_pod("new")
     assert str(seed.cpus_of(seed.create(new, "app", request=1000))) == "12-15"
@@ -468,21 +469,21 @@ def test_resync_adopts_unpinned_containers_and_lists_them_for_update(seed):
     seed.containers[cid] = ContainerRecord(cid, pod.sandbox_id, "app", resources=ContainerResources(
         cpu_period=PERIOD, cpu_quota=-1, cpu_shares=1024))
     seed.restart()
-    alloc = seed.hook.ledger.get(pod.uid)
-    assert alloc is not None and seed.hook.ledger.knows_container(cid)
-    assert seed.hook.pending_updates() == [(cid, str(alloc.cpus(seed.hook.shared_pool)), str(alloc.mems))]
-    seed.hook.mark_applied(cid)
-    assert seed.hook.pending_updates() == []
+    alloc = seed.hook.placement.ledger.get(pod.uid)
+    assert alloc is not None and seed.hook.placement.ledger.knows_container(cid)
+    assert seed.hook.placement.pending_updates() == [(cid, str(alloc.cpus(seed.hook.placement.shared_pool)), str(alloc.mems))]
+    seed.hook.placement.mark_applied(cid)
+    assert seed.hook.placement.pending_updates() == []
 
 
 def test_new_sandbox_releases_the_old_placement(seed):
     pod = seed.run_pod("p", uid="11111111-2222-3333-4444-555555555555")
     seed.create(pod, "app", request=3000)
     again = seed.run_pod("p", uid=pod.uid)                # sandbox recreated by the kubelet
-    assert pod.uid not in seed.hook.ledger
+    assert pod.uid not in seed.hook.placement.ledger
     seed.create(again, "app", request=3000)
-    assert seed.hook.ledger.get(pod.uid).sandbox_id == again.sandbox_id
-    assert sum(load.millicpu for load in seed.hook.ledger.loads().values()) == 3000
+    assert seed.hook.placement.ledger.get(pod.uid).sandbox_id == again.sandbox_id
+    assert sum(load.millicpu for load in seed.hook.placement.ledger.loads().values()) == 3000
 
 
 def test_failed_pre_hook_edit_is_listed_for_the_reconciler(seed, monkeypatch):
@@ -497,18 +498,18 @@ def test_failed_pre_hook_edit_is_listed_for_the_reconciler(seed, monkeypatch):
 
     monkeypatch.setattr(FakeNode, "_run", drop_edit)
     cid = seed.create(pod, "app")
-    assert seed.hook.pending_updates() == [(cid, "0-3", "0")]
+    assert seed.hook.placement.pending_updates() == [(cid, "0-3", "0")]
 
 
 def test_update_claims_a_container_whose_create_reply_was_lost(tmp_path):
     node = kunpeng_static(tmp_path)
     pod = node.run_pod("p")
     cid = node.create(pod, "app", request=1000, post=False)
-    assert not node.hook.ledger.knows_container(cid)
+    assert not node.hook.placement.ledger.knows_container(cid)
     call = node.update(cid, "8-127")
     assert call.request.linux.cpuset_cpus == "8-31"
-    assert node.hook.ledger.by_container(cid).pod_uid == pod.uid
-    assert node.hook.ledger.get(pod.uid).pending == {}
+    assert node.hook.placement.ledger.by_container(cid).pod_uid == pod.uid
+    assert node.hook.placement.ledger.get(pod.uid).pending == {}
 
 
 def test_topology_is_read_from_sys_root_when_not_given(tmp_path):
@@ -516,7 +517,7 @@ def test_topology_is_read_from_sys_root_when_not_given(tmp_path):
     paths = PathsConfig(sys_root=sys_root, state_dir=str(tmp_path / "state"),
                         kubelet_cpu_manager_state=str(tmp_path / "cpu_manager_state"))
     hook = NumaHook(NumaConfig(enabled=True), paths)
-    assert hook.topology.node_ids == (0, 1, 2) and str(hook.shared_pool) == "0-15"
+    assert hook.placement.topology.node_ids == (0, 1, 2) and str(hook.placement.shared_pool) == "0-15"
     assert hook.methods == {H.RUN_POD_SANDBOX, H.CREATE_CONTAINER, H.UPDATE_CONTAINER_RESOURCES,
                             H.STOP_POD_SANDBOX, H.REMOVE_POD_SANDBOX, H.REMOVE_CONTAINER}
 
@@ -542,9 +543,9 @@ def test_concurrent_creates_are_decided_consistently(tmp_path):
     for t in threads:
         t.join()
     assert not errors
-    loads = node.hook.ledger.loads()
+    loads = node.hook.placement.ledger.loads()
     assert [loads[i].millicpu for i in range(4)] == [16000] * 4
-    assert loads == node.hook.ledger.recomputed_loads()
+    assert loads == node.hook.placement.ledger.recomputed_loads()
     assert len(node.saved()["allocations"]) == 32
 
 
@@ -660,8 +661,8 @@ class NumaLifecycle(RuleBasedStateMachine):
     @invariant()
     def managed_containers_stay_in_their_nodes_and_the_pool(self):
         node = self.node
-        ledger = node.hook.ledger
-        pending = {cid for cid, _, _ in node.hook.pending_updates()}
+        ledger = node.hook.placement.ledger
+        pending = {cid for cid, _, _ in node.hook.placement.pending_updates()}
         for cid, c in node.containers.items():
             alloc = ledger.by_container(cid)
             if alloc is None or cid in pending:
@@ -676,7 +677,7 @@ class NumaLifecycle(RuleBasedStateMachine):
     @invariant()
     def capacity_matches_the_live_pods(self):
         node = self.node
-        ledger = node.hook.ledger
+        ledger = node.hook.placement.ledger
         assert ledger.loads() == ledger.recomputed_loads()
         live = {p.uid for p in node.pods.values()}
         assert {a.pod_uid for a in ledger} <= live
@@ -686,7 +687,7 @@ class NumaLifecycle(RuleBasedStateMachine):
         expected = 0
         for alloc in ledger:
             containers = [c for c in node.containers.values()
-                          if c.sandbox_id == alloc.sandbox_id and node.hook.ledger.by_container(c.container_id) is alloc]
+                          if c.sandbox_id == alloc.sandbox_id and node.hook.placement.ledger.by_container(c.container_id) is alloc]
             total = sum(millicpu_of(c.resources.cpu_period, c.resources.cpu_quota, c.resources.cpu_shares)
                         for c in containers) + sum(s.millicpu for s in alloc.pending.values())
             expected += max(alloc.pod_millicpu, total)
@@ -698,7 +699,7 @@ class NumaLifecycle(RuleBasedStateMachine):
     def saved_state_is_what_is_in_memory(self):
         path = os.path.join(self.node.paths.state_dir, "numa.json")
         if os.path.exists(path):
-            assert self.node.saved()["allocations"] == self.node.hook.ledger.to_json()
+            assert self.node.saved()["allocations"] == self.node.hook.placement.ledger.to_json()
 
 
 NumaLifecycle.TestCase.settings = settings(max_examples=25, stateful_step_count=20, deadline=None,

@@ -7,6 +7,7 @@ from typing import Dict, Mapping, Optional, Set
 
 import pytest
 
+from anolisnuma.hooks.numa import NumaHook
 from anolisnuma.policies.numa.config import AffinityConfig, NumaConfig
 from anolisnuma.policies.numa.rules import PinSpec
 from anolisnuma.reconcile.affinity import AffinityController
@@ -39,11 +40,14 @@ class FakeContainerd:
 
 
 def fake_cgroup_v1(node: FakeNode) -> str:
-    """A cgroup v1 root for the node's hook; container cpuset dirs are made by ``containers``."""
+    """A cgroup v1 root for a node without pods yet (its hook is made again over it);
+    container cpuset dirs are made by ``add_cgroups``."""
+    assert not node.pods
     root = os.path.join(node.tmp, "cgroup")
     os.makedirs(os.path.join(root, "cpu"), exist_ok=True)
     os.makedirs(os.path.join(root, "cpuset"), exist_ok=True)
     node.paths.cgroup_root = root
+    node.hook = NumaHook(node.config, node.paths, node.topology)
     return root
 
 
@@ -83,22 +87,22 @@ def two_pods(node: FakeNode, request: int = 1000, containers=("app",)):
 def test_move_is_applied_to_every_container_with_memory_following(seed):
     root = fake_cgroup_v1(seed)
     a, ca, b, cb = two_pods(seed, containers=("app", "sidecar"))
-    assert seed.hook.ledger.get(a.uid).nodes == (0,) and seed.hook.ledger.get(b.uid).nodes == (1,)
+    assert seed.hook.placement.ledger.get(a.uid).nodes == (0,) and seed.hook.placement.ledger.get(b.uid).nodes == (1,)
     add_cgroups(root, seed)
-    assert seed.hook.move_pod(b.uid, [0], "test")
+    assert seed.hook.placement.move(b.uid, [0], "test")
     # decided, persisted, listed for the re-pinner; the memory of b's containers follows
-    assert seed.hook.ledger.get(b.uid).nodes == (0,)
+    assert seed.hook.placement.ledger.get(b.uid).nodes == (0,)
     assert [r["nodes"] for r in seed.saved()["allocations"] if r["pod_uid"] == b.uid] == [[0]]
-    assert seed.hook.pending_updates() == sorted((c, "0-3", "0") for c in cb)
+    assert seed.hook.placement.pending_updates() == sorted((c, "0-3", "0") for c in cb)
     assert [migrate_flag(root, seed, c) for c in cb] == ["1", "1"]
     assert [migrate_flag(root, seed, c) for c in ca] == ["0", "0"]
-    assert seed.hook.moves_in_flight() == [b.uid]
+    assert seed.hook.placement.moves_in_flight() == [b.uid]
     client = FakeContainerd(seed)
-    assert CpusetRepinner(seed.hook, client).run_once() == 2
+    assert CpusetRepinner(seed.hook.placement, client).run_once() == 2
     assert [str(seed.cpus_of(c)) for c in cb] == ["0-3", "0-3"]
     assert [seed.mems_of(c) for c in cb] == ["0", "0"]
-    assert seed.hook.pending_updates() == [] and seed.hook.moves_in_flight() == []
-    assert seed.hook.ledger.get(b.uid).source == "affinity"
+    assert seed.hook.placement.pending_updates() == [] and seed.hook.placement.moves_in_flight() == []
+    assert seed.hook.placement.ledger.get(b.uid).source == "affinity"
 
 
 def test_move_never_exceeds_capacity(seed):
@@ -106,77 +110,77 @@ def test_move_never_exceeds_capacity(seed):
     seed.create(a, "app", request=3000)
     b = seed.run_pod("b")
     seed.create(b, "app", request=2000)
-    assert seed.hook.ledger.get(a.uid).nodes == (0,) and seed.hook.ledger.get(b.uid).nodes == (1,)
+    assert seed.hook.placement.ledger.get(a.uid).nodes == (0,) and seed.hook.placement.ledger.get(b.uid).nodes == (1,)
     before = seed.saved()
-    assert not seed.hook.move_pod(b.uid, [0], "test")       # 1 CPU free on node 0, 2 needed
-    assert seed.hook.ledger.get(b.uid).nodes == (1,)
-    assert seed.hook.pending_updates() == [] and seed.saved() == before
-    assert seed.hook.ledger.loads()[0].millicpu == 3000
-    assert seed.hook.move_pod(b.uid, [2], "test")            # an empty node takes it
+    assert not seed.hook.placement.move(b.uid, [0], "test")       # 1 CPU free on node 0, 2 needed
+    assert seed.hook.placement.ledger.get(b.uid).nodes == (1,)
+    assert seed.hook.placement.pending_updates() == [] and seed.saved() == before
+    assert seed.hook.placement.ledger.loads()[0].millicpu == 3000
+    assert seed.hook.placement.move(b.uid, [2], "test")            # an empty node takes it
 
 
 def test_unknown_pod_same_node_and_missing_node_are_refused(seed):
     a, ca, b, cb = two_pods(seed)
-    assert not seed.hook.move_pod("nope", [0], "test")
-    assert not seed.hook.move_pod(a.uid, [0], "test")
-    assert not seed.hook.move_pod(a.uid, [9], "test")
-    assert seed.hook.pending_updates() == []
+    assert not seed.hook.placement.move("nope", [0], "test")
+    assert not seed.hook.placement.move(a.uid, [0], "test")
+    assert not seed.hook.placement.move(a.uid, [9], "test")
+    assert seed.hook.placement.pending_updates() == []
 
 
 def test_pods_with_kubelet_exclusive_cpus_never_move(tmp_path):
     node = FakeNode(str(tmp_path), F.seed_16cpu(), kubelet_policy="static")
     a, ca, b, cb = two_pods(node)
     node.set_kubelet_state("0-14", {b.uid: {"pinned-sidecar": "15"}})
-    assert not node.hook.move_pod(b.uid, [0], "test")
-    assert node.hook.ledger.get(b.uid).nodes == (1,)
-    assert node.hook.pending_updates() == []
+    assert not node.hook.placement.move(b.uid, [0], "test")
+    assert node.hook.placement.ledger.get(b.uid).nodes == (1,)
+    assert node.hook.placement.pending_updates() == []
 
 
 def test_rule_pinned_pods_never_move(tmp_path):
     cfg = NumaConfig(enabled=True, namespaces=["batch"], pins=(PinSpec("batch", "b", (2,)),))
     node = FakeNode(str(tmp_path), F.seed_16cpu(), cfg)
     a, ca, b, cb = two_pods(node)
-    assert node.hook.ledger.get(b.uid).nodes == (2,) and node.hook.ledger.get(b.uid).source == "rule"
-    assert not node.hook.move_pod(b.uid, [0], "test")
-    assert node.hook.ledger.get(b.uid).nodes == (2,)
+    assert node.hook.placement.ledger.get(b.uid).nodes == (2,) and node.hook.placement.ledger.get(b.uid).source == "rule"
+    assert not node.hook.placement.move(b.uid, [0], "test")
+    assert node.hook.placement.ledger.get(b.uid).nodes == (2,)
 
 
 def test_failed_apply_rolls_the_move_back(seed):
     a, ca, b, cb = two_pods(seed, containers=("app", "sidecar"))
     before = seed.saved()
-    assert seed.hook.move_pod(b.uid, [0], "test")
+    assert seed.hook.placement.move(b.uid, [0], "test")
     client = FakeContainerd(seed)
     client.fail.add(cb[1])                 # the second container cannot be updated
-    CpusetRepinner(seed.hook, client).run_once()
+    CpusetRepinner(seed.hook.placement, client).run_once()
     # the first container was moved, then moved back in the same pass
     assert client.calls == [(cb[0], "0-3", "0"), (cb[1], "0-3", "0"), (cb[0], "4-7", "1")]
-    assert seed.hook.ledger.get(b.uid).nodes == (1,)
-    assert seed.hook.ledger.get(b.uid).source == "balance"
+    assert seed.hook.placement.ledger.get(b.uid).nodes == (1,)
+    assert seed.hook.placement.ledger.get(b.uid).source == "balance"
     assert [str(seed.cpus_of(c)) for c in cb] == ["4-7", "4-7"]
-    assert seed.hook.pending_updates() == [] and seed.hook.moves_in_flight() == []
+    assert seed.hook.placement.pending_updates() == [] and seed.hook.placement.moves_in_flight() == []
     assert seed.saved() == before
-    assert seed.hook.ledger.loads()[0].millicpu == 2000 and seed.hook.ledger.loads()[1].millicpu == 2000
-    assert seed.hook.move_pod(b.uid, [0], "again")   # and it may be tried again
+    assert seed.hook.placement.ledger.loads()[0].millicpu == 2000 and seed.hook.placement.ledger.loads()[1].millicpu == 2000
+    assert seed.hook.placement.move(b.uid, [0], "again")   # and it may be tried again
 
 
 def test_move_survives_a_restart(seed):
     a, ca, b, cb = two_pods(seed)
-    assert seed.hook.move_pod(b.uid, [0], "test")
+    assert seed.hook.placement.move(b.uid, [0], "test")
     seed.restart()                      # before the re-pin reached containerd
-    assert seed.hook.ledger.get(b.uid).nodes == (0,)
-    assert seed.hook.pending_updates() == [(cb[0], "0-3", "0")]
-    CpusetRepinner(seed.hook, FakeContainerd(seed)).run_once()
+    assert seed.hook.placement.ledger.get(b.uid).nodes == (0,)
+    assert seed.hook.placement.pending_updates() == [(cb[0], "0-3", "0")]
+    CpusetRepinner(seed.hook.placement, FakeContainerd(seed)).run_once()
     seed.restart()
-    assert seed.hook.ledger.get(b.uid).nodes == (0,)
+    assert seed.hook.placement.ledger.get(b.uid).nodes == (0,)
     assert str(seed.cpus_of(cb[0])) == "0-3"
-    assert seed.hook.pending_updates() == []
+    assert seed.hook.placement.pending_updates() == []
 
 
 def test_a_stale_apply_does_not_drop_a_newer_move(seed):
     a, ca, b, cb = two_pods(seed)
-    assert seed.hook.move_pod(b.uid, [0], "test")
-    seed.hook.mark_applied(cb[0], "4-7", "1")     # an older value applied meanwhile
-    assert seed.hook.pending_updates() == [(cb[0], "0-3", "0")]
+    assert seed.hook.placement.move(b.uid, [0], "test")
+    seed.hook.placement.mark_applied(cb[0], "4-7", "1")     # an older value applied meanwhile
+    assert seed.hook.placement.pending_updates() == [(cb[0], "0-3", "0")]
 
 
 # ====================================================================== the controller
@@ -211,8 +215,8 @@ class FakePids:
 def controller(node: FakeNode, source: ScriptedSource, client: FakeContainerd, **cfg) -> AffinityController:
     config = AffinityConfig(enabled=True, interval_seconds=10, threshold_bytes_per_second=1e6,
                             confirm_samples=2, half_life_seconds=10, **cfg)
-    repinner = CpusetRepinner(node.hook, client)
-    return AffinityController(node.hook, TrafficObserver(source), FakePids(), config, apply=repinner.run_once,
+    repinner = CpusetRepinner(node.hook.placement, client)
+    return AffinityController(node.hook.placement, TrafficObserver(source), FakePids(), config, apply=repinner.run_once,
                               clock=lambda: 1000.0)
 
 
@@ -231,13 +235,13 @@ def test_controller_moves_one_of_two_talking_pods_onto_the_others_node(seed):
     assert len(moved) == 1
     m = moved[0]
     assert m.reason.pair == pod_pair(a.uid, b.uid) and m.reason.kind == "join"
-    na, nb = seed.hook.ledger.get(a.uid).nodes, seed.hook.ledger.get(b.uid).nodes
+    na, nb = seed.hook.placement.ledger.get(a.uid).nodes, seed.hook.placement.ledger.get(b.uid).nodes
     assert na == nb
     assert str(seed.cpus_of(ca[0])) == str(seed.cpus_of(cb[0]))
-    assert seed.hook.ledger.get(c.uid).nodes == (2,)         # the idle pod stays
+    assert seed.hook.placement.ledger.get(c.uid).nodes == (2,)         # the idle pod stays
     assert ctl.counters.snapshot().get("moves") == 1
     assert ctl.counters["samples"] == 4
-    assert seed.hook.pending_updates() == []
+    assert seed.hook.placement.pending_updates() == []
 
 
 def test_controller_waits_for_confirmation_and_counts_rollbacks(seed):
@@ -250,7 +254,7 @@ def test_controller_waits_for_confirmation_and_counts_rollbacks(seed):
     assert ctl.run_once() == [] and ctl.run_once() == []    # first sample; one sample is not enough
     assert ctl.run_once() == []                             # confirmed, moved, re-pin failed: rolled back
     assert ctl.counters["moves_rolled_back"] == 1 and ctl.counters["moves"] == 0
-    assert seed.hook.ledger.get(a.uid).nodes != seed.hook.ledger.get(b.uid).nodes
+    assert seed.hook.placement.ledger.get(a.uid).nodes != seed.hook.placement.ledger.get(b.uid).nodes
     assert ctl.run_once() == []                             # that pod cools down; its partner is tried
     assert ctl.counters["moves_rolled_back"] == 2
     assert ctl.run_once() == []                             # both cool down: no retry storm

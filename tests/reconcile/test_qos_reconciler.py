@@ -151,6 +151,8 @@ def test_background_thread_starts_and_stops(node):
     pod, ctr, pod_rel, _ = adopt(node, hook)
     hook.resync([pod], [ctr])
     hook.start()
+    assert hook.controllers(lambda timeout: None) == [hook.reconciler]
+    hook.reconciler.start()
     try:
         assert hook.reconciler.running
         node.cgroup.set(pod_rel, "cpu.bvt_warp_ns", 1)
@@ -166,6 +168,7 @@ def test_background_thread_starts_and_stops(node):
 def test_interval_zero_means_no_thread(node):
     hook = QosHook(QosConfig(reconcile_interval_seconds=0), node.paths)
     hook.start()
+    assert hook.controllers(lambda timeout: None) == []
     assert not hook.reconciler.running
     hook.close()
 

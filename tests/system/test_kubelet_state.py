@@ -2,14 +2,13 @@
 
 import json
 import os
-import threading
 
 import pytest
 
 from anolisnuma.policies.numa.cpu_manager import CpuManagerStateError, KubeletCpuState
 from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.system.kubelet_state import (
-    ABSENT, CpuManagerStateFile, KubeletStateError, Poller, parse_cpu_manager_state, read_cpu_manager_state)
+    ABSENT, CpuManagerStateFile, KubeletStateError, parse_cpu_manager_state, read_cpu_manager_state)
 from anolisnuma.testing.fake_sysfs import write_cpu_manager_state
 
 # The example from design.md §5 (operator-numaadj's seed).
@@ -82,24 +81,6 @@ def test_state_file_keeps_last_good_state_on_garbage(tmp_path):
     os.replace(path + ".tmp", path)
     assert f.refresh() is None
     assert f.state.default_cpuset == "0-7"
-
-
-def test_poller_runs_checks_until_stopped():
-    seen = threading.Event()
-    calls = []
-
-    def check():
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("a bad read must not stop the poller")
-        seen.set()
-
-    p = Poller(0.01, [check])
-    p.start()
-    assert seen.wait(2)
-    p.stop()
-    n = len(calls)
-    assert n >= 2
 
 
 def test_checkpoint_round_trip_through_writer(tmp_path):

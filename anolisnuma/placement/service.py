@@ -1,0 +1,714 @@
+"""``PlacementService``: the ledger of NUMA allocations, its lock, persistence and re-pins.
+
+Every change goes through one of a few typed entry points, each under the lock and
+persisted before it returns:
+
+- :meth:`PlacementService.place_container` / :meth:`~PlacementService.container_created` /
+  :meth:`~PlacementService.update_container` / :meth:`~PlacementService.release_sandbox` /
+  :meth:`~PlacementService.release_container` / :meth:`~PlacementService.sandbox_started`:
+  the kubelet's calls, as the NUMA hook reads them;
+- :meth:`~PlacementService.move`: a live move of a running pod (traffic affinity);
+- :meth:`~PlacementService.follow_pool`: the kubelet's shared pool changed (its CPU manager
+  checkpoint); :meth:`~PlacementService.reload_rules`: the rule files changed;
+- :meth:`~PlacementService.resync`: what containerd runs now (start-up).
+
+Containers whose cgroup must be re-pinned without a kubelet call (adopted unpinned, an edit
+that did not reach containerd, a live move) are listed by
+:meth:`~PlacementService.pending_updates` for the re-pinner, which reports back with
+:meth:`~PlacementService.mark_applied` or :meth:`~PlacementService.apply_failed` (a failed
+re-pin of a move rolls the whole move back).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import structlog
+
+from anolisnuma.policies.numa.balance import (
+    NoPlacement, Placement, PodRequest, balance, free_capacity, millicpu_of, node_capacity, pin)
+from anolisnuma.policies.numa.config import NumaConfig
+from anolisnuma.policies.numa.cpu_manager import CpuManagerStateError, KubeletCpuState
+from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError
+from anolisnuma.policies.numa.ledger import Allocation, ContainerShare, Ledger
+from anolisnuma.policies.numa.rules import PinRule, RuleFileError, parse_oenuma_documents, resolve_pins
+from anolisnuma.policies.numa.selection import PodSelector, Selection
+from anolisnuma.policies.numa.topology import NumaTopology
+from anolisnuma.state.numa_state import NumaStateFile
+from anolisnuma.state.records import ContainerRecord, PodRecord
+from anolisnuma.system.cgroups import CgroupFs, enable_memory_migrate
+from anolisnuma.system.kubelet_state import CpuManagerStateFile
+from anolisnuma.system.rule_files import RuleDirectory
+
+log = structlog.get_logger("anolisnuma.numa")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What to do with a container's cpuset fields: ``cpus`` None leaves the container as
+    the kubelet sent it; ``mems`` None leaves the kubelet's ``cpuset_mems``; ``note`` says
+    why, for the call's log line ("" when there is nothing to say)."""
+
+    cpus: Optional[CpuSet] = None
+    mems: Optional[CpuSet] = None
+    nodes: Tuple[int, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class _MoveInFlight:
+    """A live move whose re-pins are not all applied yet: what to go back to when one
+    fails, and the containers already re-pinned."""
+
+    nodes: Tuple[int, ...]
+    home: CpuSet
+    mems: CpuSet
+    source: str
+    reason: str
+    applied: Set[str] = field(default_factory=set)
+
+
+def parse_cpus(text: str) -> Optional[CpuSet]:
+    """A cpuset field as the kubelet or containerd wrote it; None when it does not parse."""
+    try:
+        return CpuSet.parse(text)
+    except CpuSetError:
+        return None
+
+
+def where(nodes: Sequence[int]) -> str:
+    return ("node " if len(nodes) == 1 else "nodes ") + ",".join(str(n) for n in nodes)
+
+
+class PlacementService:
+    """``PlacementService(config, topology, kubelet_file, state_file, cgroups)``; allocations
+    are loaded from ``state_file``, rules from ``config.pins`` and ``config.rules_dir``."""
+
+    def __init__(self, config: NumaConfig, topology: NumaTopology, kubelet_file: CpuManagerStateFile,
+                 state_file: NumaStateFile, cgroups: CgroupFs) -> None:
+        self.config = config
+        self.topology = topology
+        for problem in topology.problems:
+            log.warning("NUMA topology", problem=problem)
+        self.node_name = config.effective_node_name()
+        self._lock = threading.RLock()
+        self._kubelet_file = kubelet_file
+        self._kubelet = KubeletCpuState()
+        self._state = state_file
+        self._cgroups = cgroups
+        self.ledger = Ledger(topology, topology.cpus)
+        self.follow_pool()
+        self._pending_updates: Dict[str, Tuple[CpuSet, CpuSet]] = {}
+        self._moves: Dict[str, _MoveInFlight] = {}   # live moves being applied, by pod uid
+        # Pods and containers that passed through before the start-up resync: it works from
+        # a containerd listing taken earlier, so these are newer than it and never dropped.
+        self._resynced = False
+        self._seen_pods: Set[str] = set()
+        self._seen_containers: Set[str] = set()
+        self._save_failed = False
+        self._config_rules, problems = resolve_pins(config.pins, topology)
+        for problem in problems:
+            log.warning("placement rule ignored", problem=problem)
+        self._selector = PodSelector(config.namespaces, config.pod_name_patterns, self._config_rules)
+        self._rules = RuleDirectory(config.rules_dir) if config.rules_dir else None
+        self._rules_sig: Any = None
+        self.reload_rules()
+        self._load_state()
+
+    # ================================================================== queries
+    def select(self, pod: PodRecord) -> Selection:
+        """Whether ``pod`` is managed, and the rule that pins it."""
+        return self._selector.select(pod.namespace, pod.name, pod.annotations, pod.labels)
+
+    def rule_pinned(self, alloc: Allocation) -> bool:
+        """Whether a placement rule pins this pod (it never moves)."""
+        return alloc.source == "rule" or self._selector.select(alloc.namespace, alloc.name, {}, {}).rule is not None
+
+    @property
+    def rule_count(self) -> int:
+        return len(self._selector.rules)
+
+    @property
+    def shared_pool(self) -> CpuSet:
+        return self.ledger.pool
+
+    @property
+    def kubelet_state(self) -> KubeletCpuState:
+        return self._kubelet
+
+    def allocations(self) -> List[Allocation]:
+        """A snapshot of the allocations (the objects are the ledger's: do not edit)."""
+        with self._lock:
+            return list(self.ledger)
+
+    def knows_pod(self, pod_uid: str) -> bool:
+        return pod_uid in self.ledger
+
+    def knows_sandbox(self, sandbox_id: str) -> bool:
+        return self.ledger.knows_sandbox(sandbox_id)
+
+    def knows_container(self, container_id: str) -> bool:
+        return self.ledger.knows_container(container_id)
+
+    def pending_updates(self) -> List[Tuple[str, str, str]]:
+        """Containers whose cpuset differs from their pod's placement and that no CRI call
+        will fix by itself (adopted unpinned at resync, an edit that did not reach
+        containerd, a live move): ``(container_id, cpuset_cpus, cpuset_mems)`` to apply with
+        UpdateContainerResources. ``cpuset_mems`` is "" when memory is not pinned."""
+        with self._lock:
+            return [(cid, str(c), str(m)) for cid, (c, m) in sorted(self._pending_updates.items())]
+
+    def moves_in_flight(self) -> List[str]:
+        """Pods whose live move is not fully applied yet."""
+        with self._lock:
+            return sorted(self._moves)
+
+    # ================================================================== the kubelet's calls
+    def saw(self, pod_uid: Optional[str], container_id: Optional[str]) -> None:
+        """A call about this pod/container passed (it is newer than the start-up listing)."""
+        if self._resynced:
+            return
+        with self._lock:
+            if pod_uid:
+                self._seen_pods.add(pod_uid)
+            if container_id:
+                self._seen_containers.add(container_id)
+
+    def place_container(self, pod: PodRecord, sandbox_id: str, share: ContainerShare, pod_demand: PodRequest,
+                        kubelet_cpus: CpuSet, kubelet_mems: str, logger: Any = None) -> Answer:
+        """CreateContainer: the cpuset for container ``share.name`` of ``pod``, placing the
+        pod when this is its first container (a rule that names it, else balance).
+        ``pod_demand`` is the pod-level request (the kubelet's sum over its containers),
+        ``kubelet_cpus``/``kubelet_mems`` what the kubelet sent."""
+        logger = logger or log
+        sel = self.select(pod)
+        if not sel.managed and pod.uid not in self.ledger:
+            # (a pod already placed stays managed even if the rules changed since: all of
+            # its containers must share one placement)
+            return Answer()
+        self.follow_pool()
+        kstate = self._kubelet
+        if kstate.is_exclusive(pod.uid, share.name):
+            return Answer(note="kubelet-exclusive CPUs; left alone")
+        with self._lock:
+            pool = self.ledger.pool
+            if kubelet_cpus and kubelet_cpus.isdisjoint(pool):
+                # CPUs outside the shared pool can only be an exclusive assignment we have not
+                # read yet: never move a container off CPUs the kubelet reserved for it.
+                return Answer(note=f"kubelet cpuset {kubelet_cpus} outside the shared pool; left alone")
+            alloc = self.ledger.get(pod.uid)
+            if alloc is not None and sandbox_id and alloc.sandbox_id and alloc.sandbox_id != sandbox_id:
+                logger.info("pod has a new sandbox; its old placement is released", old_sandbox_id=alloc.sandbox_id)
+                self._forget(alloc)
+                alloc = None
+            decided: Optional[Placement] = None
+            if alloc is None:
+                if kstate.has_exclusive(pod.uid):
+                    # (the pod-level sum would include the exclusive containers' CPUs)
+                    pod_demand = PodRequest(0, 0)
+                request = PodRequest(max(pod_demand.millicpu, share.millicpu),
+                                     max(pod_demand.memory_bytes, share.memory_bytes))
+                try:
+                    decided, source = self._decide(sel.rule, request, pool, logger)
+                except NoPlacement as e:
+                    logger.warning("NUMA placement impossible; container left as the kubelet sent it", reason=str(e))
+                    return Answer(note=f"not placed: {e}")
+                alloc = Allocation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, sandbox_id=sandbox_id,
+                                   nodes=decided.nodes, home=decided.home, mems=decided.mems,
+                                   pod_millicpu=pod_demand.millicpu, pod_memory_bytes=pod_demand.memory_bytes,
+                                   source=source)
+                self.ledger.add(alloc)
+            elif sandbox_id and not alloc.sandbox_id:
+                self.ledger.set_sandbox(pod.uid, sandbox_id)
+            self.ledger.set_pending(pod.uid, share.name, share)
+            view = kubelet_cpus or pool
+            cpus = alloc.home & view
+            if not cpus:
+                if self._follow_pool(alloc, view, logger) is None:
+                    self._save()
+                    return Answer(note="shared pool left the pod's nodes and no node fits; kubelet's cpuset kept")
+                cpus = alloc.home & view
+            mems = self._merge_mems(alloc.mems, kubelet_mems, logger)
+            self._save()
+        note = f"{'placed on' if decided else 'pod on'} {where(alloc.nodes)} cpus {cpus}"
+        if mems is not None and str(mems):
+            note += f" mems {mems}"
+        if decided is not None:
+            note += f" ({alloc.source}: {decided.reason})"
+        return Answer(cpus=cpus, mems=mems, nodes=tuple(alloc.nodes), note=note)
+
+    def container_created(self, pod_uid: str, container_name: str, container_id: str,
+                          sent_cpus: Optional[CpuSet]) -> None:
+        """CreateContainer succeeded: count the container under its id. ``sent_cpus`` is the
+        cpuset containerd was sent; when it is not the placement's (the edit did not reach
+        containerd), the container is listed for a re-pin."""
+        if not container_id or pod_uid not in self.ledger:
+            return
+        with self._lock:
+            alloc = self.ledger.get(pod_uid)
+            if alloc is None or container_name not in alloc.pending:
+                return
+            self.ledger.add_container(pod_uid, container_id, alloc.pending[container_name])
+            want = alloc.cpus(self.ledger.pool)
+            if want and (not sent_cpus or not sent_cpus.issubset(alloc.home)):
+                self._pending_updates[container_id] = (want, alloc.mems)
+            self._save()
+
+    def update_container(self, container_id: str, kubelet_cpus: CpuSet, kubelet_mems: str,
+                         resize: Optional[Tuple[int, Optional[int]]], claim: Optional[Tuple[PodRecord, ContainerRecord]],
+                         logger: Any = None) -> Answer:
+        """UpdateContainerResources: the kubelet's cpuset merged with the placement (our
+        CPUs within its pool); when the pool left the pod's nodes, the pod follows it.
+        ``resize`` is the container's new (millicpu, memory bytes or None) on an in-place
+        resize. ``claim`` (the pod and container the call is about) counts a container we
+        pinned whose CreateContainer reply we never saw."""
+        logger = logger or log
+        if not self.ledger.knows_container(container_id) and not (claim and self._claim_pending(*claim)):
+            return Answer()
+        self.follow_pool()
+        with self._lock:
+            alloc = self.ledger.by_container(container_id)
+            if alloc is None:
+                return Answer()
+            share = alloc.containers[container_id]
+            if self._kubelet.is_exclusive(alloc.pod_uid, share.name):
+                return Answer()
+            if resize is not None:
+                milli, mem = resize
+                if milli != share.millicpu or (mem is not None and mem != share.memory_bytes):
+                    self.ledger.update_container(container_id, milli, mem)
+                    self._save()
+            view = kubelet_cpus or self.ledger.pool
+            cpus = alloc.home & view
+            if not cpus:
+                if self._follow_pool(alloc, view, logger) is None:
+                    self._save()
+                    return Answer(note="shared pool left the pod's nodes; kubelet's cpuset kept")
+                self._save()
+                cpus = alloc.home & view
+            mems = self._merge_mems(alloc.mems, kubelet_mems, logger)
+            self._pending_updates.pop(container_id, None)
+        return Answer(cpus=cpus, mems=mems, nodes=tuple(alloc.nodes),
+                      note=f"merged kubelet cpuset {kubelet_cpus or '(none)'} -> {cpus} ({where(alloc.nodes)})")
+
+    def _claim_pending(self, pod: PodRecord, container: ContainerRecord) -> bool:
+        if pod.uid not in self.ledger:
+            return False
+        with self._lock:
+            alloc = self.ledger.get(pod.uid)
+            if alloc is None or alloc.sandbox_id != container.sandbox_id or container.name not in alloc.pending:
+                return False
+            self.ledger.add_container(pod.uid, container.container_id, alloc.pending[container.name])
+            self._save()
+        return True
+
+    def release_sandbox(self, sandbox_id: str) -> Optional[Tuple[int, ...]]:
+        """StopPodSandbox / RemovePodSandbox: the pod's capacity is freed; the nodes it had."""
+        if not self.ledger.knows_sandbox(sandbox_id):
+            return None
+        with self._lock:
+            alloc = self.ledger.by_sandbox(sandbox_id)
+            if alloc is None:
+                return None
+            self._forget(alloc)
+            self._save()
+        return tuple(alloc.nodes)
+
+    def release_container(self, container_id: str) -> Optional[Tuple[int, ...]]:
+        """RemoveContainer: the container's share is freed; the nodes of its pod."""
+        if not self.ledger.knows_container(container_id):
+            return None
+        with self._lock:
+            alloc = self.ledger.remove_container(container_id)
+            self._pending_updates.pop(container_id, None)
+            if alloc is None:
+                return None
+            if alloc.pod_uid in self._moves:
+                self._move_progress(alloc)
+            self._save()
+        return tuple(alloc.nodes)
+
+    def sandbox_started(self, pod_uid: str, sandbox_id: str, logger: Any = None) -> None:
+        """RunPodSandbox succeeded: a pod that got a new sandbox loses the old one's placement."""
+        alloc = self.ledger.get(pod_uid)
+        if alloc is None or not alloc.sandbox_id or not sandbox_id or alloc.sandbox_id == sandbox_id:
+            return
+        with self._lock:
+            alloc = self.ledger.get(pod_uid)
+            if alloc is not None and alloc.sandbox_id != sandbox_id:
+                (logger or log).info("pod has a new sandbox; its old placement is released",
+                                     old_sandbox_id=alloc.sandbox_id)
+                self._forget(alloc)
+                self._save()
+
+    # ================================================================== live moves
+    def move(self, pod_uid: str, nodes: Sequence[int], reason: str = "") -> bool:
+        """Move a running managed pod onto ``nodes``: check it may move and fits, move its
+        allocation, persist, and list every container of the pod for the re-pinner
+        (:meth:`pending_updates`) with the new ``cpuset_cpus`` and ``cpuset_mems``. On
+        cgroup v1, ``cpuset.memory_migrate`` is set in the containers' cpuset cgroups
+        first, so that their memory follows the new mems.
+
+        Refused (False, with a log line) when the pod is unknown, pinned by a rule, has
+        kubelet-exclusive CPUs, has no container, is being moved already, is already there,
+        or the target nodes lack shared CPUs or free capacity for its demand. A re-pin that
+        fails later rolls the move back (:meth:`apply_failed`).
+        """
+        target = tuple(sorted(set(int(n) for n in nodes)))
+        if not target:
+            return False
+        self.follow_pool()
+        with self._lock:
+            alloc = self.ledger.get(pod_uid)
+            why = self._why_not_movable(pod_uid, alloc, target)
+            if why is not None or alloc is None:
+                log.info("live NUMA move refused", pod=alloc.ref if alloc else None, pod_uid=pod_uid,
+                         to_nodes=list(target), why=why, reason=reason or None)
+                return False
+            pool = self.ledger.pool
+            request = PodRequest(alloc.demand_millicpu(), alloc.demand_memory())
+            old = _MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source, reason)
+            self.ledger.remove(pod_uid)
+            try:
+                loads = self.ledger.loads()
+                cap = node_capacity(self.topology, pool)
+                free = free_capacity(self.topology, pool, loads)
+                room = sum(free.get(n, 0) for n in target)
+                if any(cap.get(n, 0) <= 0 for n in target):
+                    why = "a target node has no CPU in the shared pool"
+                elif room < max(request.millicpu, 1):
+                    why = f"not enough free capacity ({room / 1000:g} CPUs free, {request.millicpu / 1000:g} needed)"
+                placement = None if why else pin(self.topology, pool, loads, target, request,
+                                                   memory_pinning=self.config.memory_pinning, reason=reason)
+            except NoPlacement as e:
+                why, placement = str(e), None
+            finally:
+                self.ledger.add(alloc)
+            if placement is None:
+                log.info("live NUMA move refused", pod=alloc.ref, pod_uid=pod_uid, to_nodes=list(target), why=why,
+                         reason=reason or None)
+                return False
+            if placement.mems and placement.mems != alloc.mems:
+                for problem in enable_memory_migrate(self._cgroups, pod_uid, sorted(alloc.containers)):
+                    log.warning("cannot make memory follow a live NUMA move; pages stay where they are",
+                                pod=alloc.ref, problem=problem)
+            self.ledger.move(pod_uid, placement, source="affinity")
+            want = alloc.cpus(pool)
+            for cid in alloc.containers:
+                self._pending_updates[cid] = (want, alloc.mems)
+            self._moves[pod_uid] = old
+            self._save()
+        log.info("live NUMA move decided", pod=alloc.ref, pod_uid=pod_uid, from_nodes=list(old.nodes),
+                 to_nodes=list(target), cpus=str(want), mems=str(alloc.mems), containers=len(alloc.containers),
+                 reason=reason or None)
+        return True
+
+    def _why_not_movable(self, pod_uid: str, alloc: Optional[Allocation], target: Tuple[int, ...]) -> Optional[str]:
+        if alloc is None:
+            return "not a placed pod"
+        if self.rule_pinned(alloc):
+            return "pinned by a placement rule"
+        if self._kubelet.has_exclusive(pod_uid):
+            return "has kubelet-exclusive CPUs"
+        if not alloc.containers:
+            return "no running container"
+        if pod_uid in self._moves:
+            return "a move of this pod is still being applied"
+        if any(not self.topology.has_node(n) for n in target):
+            return "no such NUMA node"
+        if tuple(alloc.nodes) == target:
+            return "already there"
+        return None
+
+    # ================================================================== re-pins
+    def mark_applied(self, container_id: str, cpus: Optional[str] = None, mems: Optional[str] = None) -> None:
+        """The re-pinner applied a pending update. With ``cpus``/``mems`` (what it sent), an
+        update that changed meanwhile (a move decided during the call) stays pending."""
+        with self._lock:
+            if cpus is not None:
+                now = self._pending_updates.get(container_id)
+                if now is not None and (str(now[0]), str(now[1])) != (cpus, mems if mems is not None else str(now[1])):
+                    return
+            self._pending_updates.pop(container_id, None)
+            alloc = self.ledger.by_container(container_id)
+            if alloc is not None and alloc.pod_uid in self._moves:
+                self._moves[alloc.pod_uid].applied.add(container_id)
+                self._move_progress(alloc)
+
+    def apply_failed(self, container_id: str, error: str = "") -> bool:
+        """The re-pinner could not apply a container's pending cpuset. When the container
+        belongs to a live move, the move is rolled back: the pod's allocation goes back
+        where it was (persisted), containers already re-pinned are listed to be re-pinned
+        back, the others are no longer pending. True when a move was rolled back (other
+        failures stay pending and are retried)."""
+        with self._lock:
+            alloc = self.ledger.by_container(container_id)
+            if alloc is None or alloc.pod_uid not in self._moves:
+                return False
+            mv = self._moves.pop(alloc.pod_uid)
+            new_nodes = alloc.nodes
+            self.ledger.move(alloc.pod_uid, Placement(nodes=mv.nodes, home=mv.home, cpus=mv.home & self.ledger.pool,
+                                                       mems=mv.mems), source=mv.source)
+            want = alloc.cpus(self.ledger.pool)
+            for cid in alloc.containers:
+                if cid in mv.applied and want:
+                    self._pending_updates[cid] = (want, alloc.mems)
+                else:
+                    self._pending_updates.pop(cid, None)
+            self._save()
+        log.warning("live NUMA move failed; pod rolled back", pod=alloc.ref, pod_uid=alloc.pod_uid,
+                    from_nodes=list(new_nodes), back_to=list(mv.nodes), container_id=container_id,
+                    error=error or None, repin_back=sorted(mv.applied) or None)
+        return True
+
+    def _move_progress(self, alloc: Allocation) -> None:
+        if any(cid in self._pending_updates for cid in alloc.containers):
+            return
+        mv = self._moves.pop(alloc.pod_uid, None)
+        if mv is not None:
+            log.info("live NUMA move applied", pod=alloc.ref, pod_uid=alloc.pod_uid, from_nodes=list(mv.nodes),
+                     to_nodes=list(alloc.nodes), cpus=str(alloc.cpus(self.ledger.pool)), mems=str(alloc.mems),
+                     reason=mv.reason)
+
+    # ================================================================== decisions
+    def _decide(self, rule: Optional[PinRule], request: PodRequest, pool: CpuSet, logger: Any) -> Tuple[Placement, str]:
+        loads = self.ledger.loads()
+        if rule is not None:
+            try:
+                placement = pin(self.topology, pool, loads, rule.nodes, request, cpus=rule.cpus, mems=rule.mems,
+                                memory_pinning=self.config.memory_pinning, reason=f"pinned by {rule.source}")
+                return placement, "rule"
+            except NoPlacement as e:
+                logger.warning("placement rule cannot be applied; balancing instead", rule=rule.describe(),
+                               reason=str(e))
+        placement = balance(self.topology, pool, loads, request, memory_pinning=self.config.memory_pinning)
+        return placement, "balance"
+
+    def _follow_pool(self, alloc: Allocation, pool: CpuSet, logger: Any) -> Optional[Allocation]:
+        """The shared pool no longer covers the pod's home CPUs: re-place the pod within it
+        (closest to where it was). None when no node has shared CPUs left."""
+        old_nodes = alloc.nodes
+        request = PodRequest(alloc.demand_millicpu(), alloc.demand_memory(), near=old_nodes)
+        self.ledger.remove(alloc.pod_uid)
+        try:
+            placement = balance(self.topology, pool, self.ledger.loads(), request,
+                                memory_pinning=self.config.memory_pinning)
+        except NoPlacement as e:
+            self.ledger.add(alloc)
+            logger.warning("shared pool left the pod's NUMA nodes and no node has shared CPUs; "
+                           "following the kubelet's cpuset", pod=alloc.ref, old_nodes=list(old_nodes), reason=str(e))
+            return None
+        self.ledger.add(alloc)
+        self.ledger.move(alloc.pod_uid, placement, source="balance")
+        logger.warning("shared pool left the pod's NUMA nodes; pod re-placed", pod=alloc.ref,
+                       old_nodes=list(old_nodes), new_nodes=list(placement.nodes), pool=str(pool))
+        return alloc
+
+    @staticmethod
+    def _merge_mems(ours: CpuSet, kubelet_text: str, logger: Any) -> Optional[CpuSet]:
+        """The memory nodes to set: ours within the kubelet's (its memory manager may set
+        them); None to leave the field as the kubelet sent it."""
+        if not ours:
+            return None
+        if not kubelet_text.strip():
+            return ours
+        theirs = parse_cpus(kubelet_text)
+        if theirs is None:
+            return None
+        merged = ours & theirs
+        if not merged:
+            logger.info("kubelet's cpuset_mems is disjoint from the pod's NUMA nodes; keeping the kubelet's",
+                        kubelet=str(theirs), ours=str(ours))
+            return None
+        return merged
+
+    def _forget(self, alloc: Allocation) -> None:
+        self.ledger.remove(alloc.pod_uid)
+        self._moves.pop(alloc.pod_uid, None)
+        for cid in alloc.containers:
+            self._pending_updates.pop(cid, None)
+
+    # ================================================================== the kubelet's pool, rules
+    def follow_pool(self) -> None:
+        """Re-read the kubelet's CPU manager checkpoint when it changed (one ``stat``
+        otherwise): its shared pool is where our placements live."""
+        raw = self._kubelet_file.refresh()
+        if raw is None:
+            return
+        try:
+            state = KubeletCpuState.from_raw(raw)
+        except CpuManagerStateError as e:
+            log.warning("kubelet cpu_manager_state has a garbled CPU list; keeping the last good one",
+                        path=self._kubelet_file.path, error=str(e))
+            return
+        with self._lock:
+            self._kubelet = state
+            old = self.ledger.pool
+            pool = state.shared_pool(self.topology.cpus)
+            if pool == old:
+                return
+            self.ledger.set_pool(pool)
+            stranded = [a.ref for a in self.ledger if a.home.isdisjoint(pool)]
+            log.info("kubelet shared CPU pool changed", policy=state.policy, old=str(old), new=str(pool),
+                     exclusive=str(state.exclusive_cpus), stranded_pods=stranded or None)
+
+    def reload_rules(self) -> None:
+        """Re-read the rule directory when a file in it changed."""
+        if self._rules is None:
+            return
+        sig = self._rules.signature()
+        if sig == self._rules_sig:
+            return
+        if not sig[0]:
+            log.warning("NUMA rules directory does not exist", rules_dir=self._rules.path)
+        files, problems = self._rules.read()
+        rules: List[PinRule] = []
+        for path, documents in files:
+            try:
+                r, p = parse_oenuma_documents(documents, path, self.node_name, self.topology)
+            except RuleFileError as e:
+                problems.append(f"rule file {path} skipped: {' '.join(str(e).split())[:400]}")
+                continue
+            rules.extend(r)
+            problems.extend(p)
+        for problem in problems:
+            log.error("placement rule problem", problem=problem)
+        self._rules_sig = sig
+        self._selector = self._selector.with_rules(list(self._config_rules) + rules)
+        log.info("NUMA placement rules loaded", rules_dir=self._rules.path, node_name=self.node_name,
+                 rules=[r.describe() for r in rules], problems=len(problems))
+
+    # ================================================================== persistence and resync
+    def _load_state(self) -> None:
+        records = self._state.load()
+        if records is None:
+            return
+        with self._lock:
+            problems = self.ledger.load_records(records)
+        for problem in problems:
+            log.warning("saved NUMA allocation dropped", problem=problem)
+
+    def _save(self) -> None:
+        try:
+            self._state.save_encoded(self.ledger.encoded())
+        except OSError as e:
+            if not self._save_failed:
+                log.error("cannot save NUMA allocations; going on in memory", path=self._state.path, error=str(e))
+            self._save_failed = True
+        else:
+            if self._save_failed:
+                log.info("NUMA allocations saved again", path=self._state.path)
+            self._save_failed = False
+
+    def resync(self, pods: List[PodRecord], containers: List[ContainerRecord]) -> None:
+        """Reconcile the allocations with what containerd runs now: drop pods and containers
+        that are gone, count containers we did not know under their pod (adopting managed
+        pods from the cpusets they have), and never count a container twice."""
+        self.follow_pool()
+        with self._lock:
+            by_sandbox = {p.sandbox_id: p for p in pods if p.sandbox_id}
+            live_uids = {p.uid for p in pods}
+            live_cids = {c.container_id for c in containers}
+            dropped = []
+            for alloc in self.ledger:
+                if alloc.pod_uid in self._seen_pods:
+                    continue  # changed by calls newer than the listing: the calls are right
+                if alloc.pod_uid not in live_uids or (alloc.sandbox_id and alloc.sandbox_id not in by_sandbox):
+                    self._forget(alloc)
+                    dropped.append(alloc.ref)
+                    continue
+                for cid in list(alloc.containers):
+                    if cid not in live_cids and cid not in self._seen_containers:
+                        self.ledger.remove_container(cid)
+                        self._pending_updates.pop(cid, None)
+                self.ledger.clear_pending(alloc.pod_uid)
+            adopted: Dict[str, List[str]] = {}
+            unpinned: Dict[str, List[ContainerRecord]] = {}
+            pool = self.ledger.pool
+            for c in containers:
+                pod = by_sandbox.get(c.sandbox_id)
+                if pod is None:
+                    continue
+                known = self.ledger.by_container(c.container_id)
+                if known is not None:
+                    self._note_drift(c, known, parse_cpus(c.resources.cpuset_cpus) or CpuSet())
+                    continue
+                if self._kubelet.is_exclusive(pod.uid, c.name):
+                    continue
+                share = _share_of(c)
+                have = parse_cpus(c.resources.cpuset_cpus) or CpuSet()
+                alloc = self.ledger.get(pod.uid)
+                if alloc is not None:
+                    if alloc.sandbox_id != c.sandbox_id:
+                        continue
+                    self.ledger.add_container(pod.uid, c.container_id, share)
+                    self._note_drift(c, alloc, have)
+                    adopted.setdefault(pod.ref, []).append(c.name)
+                    continue
+                if not self.select(pod).managed:
+                    continue
+                cpus = have & self.topology.cpus
+                if not cpus or (pool.issubset(cpus) and len(self.topology.nodes_of_cpus(pool)) > 1):
+                    # no cpuset, or the whole multi-node pool: nobody pinned it
+                    unpinned.setdefault(pod.sandbox_id, []).append(c)
+                    continue
+                alloc = self._adopt(pod, c, cpus, share)
+                adopted.setdefault(pod.ref, []).append(c.name)
+                self._note_drift(c, alloc, have)
+            for sid, group in unpinned.items():
+                pod = by_sandbox[sid]
+                alloc = self.ledger.get(pod.uid)
+                if alloc is None:
+                    shares = [_share_of(c) for c in group]
+                    demand = PodRequest(sum(s.millicpu for s in shares), sum(s.memory_bytes for s in shares))
+                    try:
+                        placement, source = self._decide(self.select(pod).rule, demand, pool, log)
+                    except NoPlacement:
+                        continue
+                    alloc = Allocation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name,
+                                       sandbox_id=pod.sandbox_id, nodes=placement.nodes, home=placement.home,
+                                       mems=placement.mems, source=source)
+                    self.ledger.add(alloc)
+                for c in group:
+                    self.ledger.add_container(pod.uid, c.container_id, _share_of(c))
+                    self._note_drift(c, alloc, parse_cpus(c.resources.cpuset_cpus) or CpuSet())
+                    adopted.setdefault(pod.ref, []).append(c.name)
+            self._resynced = True
+            self._seen_pods.clear()
+            self._seen_containers.clear()
+            self._save()
+        log.info("NUMA allocations reconciled with containerd", allocations=len(self.ledger),
+                 dropped_pods=dropped or None, adopted=adopted or None,
+                 pending_updates=len(self._pending_updates) or None)
+
+    def _adopt(self, pod: PodRecord, c: ContainerRecord, cpus: CpuSet, share: ContainerShare) -> Allocation:
+        """An allocation for a managed pod found running with a cpuset: its nodes are those
+        owning the CPUs; its home is those nodes' CPUs when the cpuset is what we would have
+        given (the nodes' shared CPUs), else the cpuset itself (a rule's CPU list)."""
+        nodes = self.topology.nodes_of_cpus(cpus)
+        node_cpus = self.topology.cpus_of(nodes)
+        home = node_cpus if (node_cpus & self.ledger.pool).issubset(cpus) else cpus
+        mems = parse_cpus(c.resources.cpuset_mems) or CpuSet()
+        if not all(self.topology.has_node(m) for m in mems):
+            mems = CpuSet(nodes)
+        alloc = Allocation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name, sandbox_id=pod.sandbox_id,
+                           nodes=nodes, home=home, mems=mems, source="adopted")
+        self.ledger.add(alloc)
+        self.ledger.add_container(pod.uid, c.container_id, share)
+        return alloc
+
+    def _note_drift(self, c: ContainerRecord, alloc: Allocation, have: CpuSet) -> None:
+        want = alloc.cpus(self.ledger.pool)
+        have_mems = parse_cpus(c.resources.cpuset_mems) or CpuSet()
+        mems_off = bool(alloc.mems) and not (have_mems and have_mems.issubset(alloc.mems))
+        if want and (have != want or mems_off):
+            self._pending_updates[c.container_id] = (want, alloc.mems)
+        else:
+            self._pending_updates.pop(c.container_id, None)
+
+
+def _share_of(c: ContainerRecord) -> ContainerShare:
+    r = c.resources
+    return ContainerShare(c.name, millicpu_of(r.cpu_period, r.cpu_quota, r.cpu_shares), max(r.memory_limit_in_bytes, 0))
