@@ -580,45 +580,21 @@ class SockDiagSource(TrafficSource):
 # ------------------------------------------------------------------------- observer
 
 class TrafficObserver:
-    """Samples a :class:`TrafficSource` and keeps an exponentially weighted moving average
-    of each pod pair's rate (``half_life`` seconds: a pair that stops talking loses half
-    its weight in that time). Pairs under ``min_weight`` bytes/s, or with a pod no longer
-    managed, are dropped."""
+    """Samples a :class:`TrafficSource` (socket diagnostics unless given): raw pod-pair
+    rates per sample. Smoothing is the affinity graph's (``policies/numa/affinity.py``),
+    done once, there."""
 
-    def __init__(self, source: Optional[TrafficSource] = None, *, proc_root: str = "/proc",
-                 half_life: float = 60.0, min_weight: float = 1.0) -> None:
-        if half_life <= 0:
-            raise ValueError("half_life must be positive")
+    def __init__(self, source: Optional[TrafficSource] = None, *, proc_root: str = "/proc") -> None:
         self.source = source if source is not None else SockDiagSource(proc_root)
-        self.half_life = half_life
-        self.min_weight = min_weight
-        self._weights: Dict[PodPair, float] = {}
         self.last: Optional[TrafficSample] = None
 
     def sample(self, pods: Mapping[str, PodProcess]) -> TrafficSample:
-        s = self.source.sample(pods)
-        self.last = s
-        if s.interval is not None and s.interval > 0:
-            alpha = 1.0 - 0.5 ** (s.interval / self.half_life)
-            weights: Dict[PodPair, float] = {}
-            for pair in set(self._weights) | set(s.rates):
-                if pair[0] not in pods or pair[1] not in pods:
-                    continue
-                old = self._weights.get(pair)
-                new = s.rates.get(pair, 0.0)
-                w = new if old is None else old + alpha * (new - old)
-                if w >= self.min_weight:
-                    weights[pair] = w
-            self._weights = weights
-        return s
+        self.last = self.source.sample(pods)
+        return self.last
 
     def rates(self) -> Dict[PodPair, float]:
         """The last sample's rates (bytes/s)."""
         return dict(self.last.rates) if self.last is not None else {}
-
-    def weights(self) -> Dict[PodPair, float]:
-        """Smoothed rates (bytes/s) per pod pair."""
-        return dict(self._weights)
 
     def close(self) -> None:
         self.source.close()
