@@ -23,7 +23,6 @@ Each move is logged (which pair, bytes/s, from which node to which, why) and cou
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -33,6 +32,7 @@ from anolisnuma.controller import Controller
 from anolisnuma.pipeline.metrics import Counters
 from anolisnuma.policies.numa.affinity import AffinityGraph, Move, MoveConstraints, PodPlacement, free_millicpu, plan_moves
 from anolisnuma.policies.numa.config import AffinityConfig
+from anolisnuma.system.sockdiag import process_exists
 from anolisnuma.system.traffic import PodProcess, TrafficObserver
 
 log = structlog.get_logger("anolisnuma.numa.affinity")
@@ -49,7 +49,7 @@ class ContainerPids:
 
     def pid(self, container_id: str) -> Optional[int]:
         pid = self._cache.get(container_id)
-        if pid is not None and os.path.exists(os.path.join(self.proc_root, str(pid))):
+        if pid is not None and process_exists(self.proc_root, pid):
             return pid
         self._cache.pop(container_id, None)
         try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
@@ -30,7 +29,7 @@ from anolisnuma.policies.qos.plan import KnobSetting, sched_core_conflict
 from anolisnuma.system import knobs
 from anolisnuma.system.cgroups import (
     QOS_CLASS_DIRS, CgroupFs, FileGone, HostFileError, KnobFileMissing, KubeQosClass,
-    PodCgroup, ReadFailed, read_int, write_text,
+    PodCgroup, ReadFailed, directory_of_exists, read_int, write_text,
 )
 from anolisnuma.system.resctrl import NoClosidLeft, ResctrlFs, Schemata, render_schemata
 from anolisnuma.system.sysctl import Sysctls
@@ -261,7 +260,7 @@ class QosApplier:
         return Outcome.WRITTEN
 
     def _absent(self, t: FileTarget, ref: str, e: HostFileError) -> Outcome:
-        if os.path.isdir(os.path.dirname(t.path)):
+        if directory_of_exists(t.path):
             if not t.missing_logged:
                 t.missing_logged = True
                 self.log.warning("knob file missing in this cgroup; skipped", pod=ref,
@@ -403,7 +402,7 @@ class QosApplier:
             return
         for name, want in self.resctrl_groups.items():
             path = self.resctrl.group_dir(name)
-            if not os.path.isdir(path):
+            if not self.resctrl.has_group(name):
                 if self.dry_run:
                     self.log.info("dry run: would create resctrl group", group=name, path=path,
                                   schemata=render_schemata(want, self.resctrl_width).strip())

@@ -145,6 +145,12 @@ def read_text(path: str) -> str:
     return b"".join(chunks).decode("ascii", "replace")
 
 
+def directory_of_exists(path: str) -> bool:
+    """Whether the directory holding the kernel file ``path`` exists: a file missing from
+    an existing cgroup is a knob this kernel lacks; a missing cgroup is one that is gone."""
+    return os.path.isdir(os.path.dirname(path))
+
+
 def read_int(path: str) -> int:
     """The integer a knob file holds; raises like :func:`read_text`, or
     :class:`ReadFailed` if the content is not one integer."""

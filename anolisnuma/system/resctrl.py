@@ -226,6 +226,9 @@ class ResctrlFs:
             raise ValueError(f"not a resctrl group name: {name!r}")
         return os.path.join(self.root, name)
 
+    def has_group(self, name: str) -> bool:
+        return os.path.isdir(self.group_dir(name))
+
     def make_group(self, name: str) -> bool:
         """Create group ``name``; ``True`` if it was created, ``False`` if it existed.
         Raises :class:`NoClosidLeft` (ENOSPC) or :class:`WriteRefused`."""

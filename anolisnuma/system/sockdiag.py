@@ -557,6 +557,10 @@ def netns_key(proc_root: str, pid: int) -> NetnsKey:
     return (st.st_dev, st.st_ino)
 
 
+def process_exists(proc_root: str, pid: int) -> bool:
+    return os.path.exists(os.path.join(proc_root, str(pid)))
+
+
 def list_pids(proc_root: str) -> List[int]:
     return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
 
