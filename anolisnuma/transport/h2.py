@@ -60,6 +60,7 @@ ERROR_NAMES = {
 }
 
 _HEADER = struct.Struct(">BHBBL")  # 24-bit length split as 8 + 16 bits
+FRAME_HEADER_STRUCT = _HEADER
 _U32 = struct.Struct(">L")
 
 def parse_frame_header(buf, offset: int = 0) -> Tuple[int, int, int, int]:

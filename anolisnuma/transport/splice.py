@@ -76,6 +76,14 @@ CLOSE_LINGER_SECONDS = 2.0
 
 _conn_ids = itertools.count(1)
 
+# How _pump treats a frame (what a direction's ``classify`` answers):
+WHOLE = 0    # read whole, then handed to the direction's frame handler
+STREAM = 1   # pass-through DATA: forwarded as its bytes arrive
+FOLD = 2     # forwarded unchanged in the run of bytes around it, once its ``fold`` handler
+             # (which may decline) has done its bookkeeping; no frame of ours goes out meanwhile
+_HEADER = h2.FRAME_HEADER_STRUCT
+_HLEN = h2.FRAME_HEADER_LEN
+
 
 class ConnectionFault(Exception):
     """The connection can no longer be followed and must end with ``code``."""
@@ -348,27 +356,38 @@ class Splice:
                 data = bytes(r.buf[len(h2.PREFACE):])
                 r.buf.clear()
                 r.need_preface = False
-            self._pump(r, data, self._send_up, self._k2c_frame, self._k2c_streams)
+            self._pump(r, data, self._send_up, self._k2c_frame, self._k2c_classify, self._k2c_fold)
         except ConnectionFault as e:
             self.fail(e.code, str(e))
             return
         self._flush()
 
-    def _k2c_streams(self, ftype: int, flags: int, sid: int, length: int) -> bool:
-        """Whether a kubelet frame may be forwarded as its bytes arrive (else: read whole)."""
-        if length > self.k2c.max_frame:
+    def _k2c_classify(self, ftype: int, flags: int, sid: int, length: int) -> int:
+        """How a kubelet frame is relayed (WHOLE, STREAM or FOLD; see _pump)."""
+        r = self.k2c
+        if length > r.max_frame:
             raise ConnectionFault(h2.FRAME_SIZE_ERROR,
-                                  f"frame of {length} bytes over the {self.k2c.max_frame} allowed")
-        self._check_header_block(self.k2c, ftype, sid)
+                                  f"frame of {length} bytes over the {r.max_frame} allowed")
+        if r.in_header_block or ftype == h2.CONTINUATION or ftype == h2.PUSH_PROMISE:
+            self._check_header_block(r, ftype, sid)
         if ftype != h2.DATA:
-            return False
+            # Frames that carry no ordering with DATA jump containerd's queue (_send_up
+            # ordered=False): only with the queue empty is the run the same thing.
+            if (ftype == h2.WINDOW_UPDATE or ftype == h2.PING
+                    or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK)) and not self.up_queue:
+                return FOLD
+            return WHOLE
         self.down_window -= length
         if self.down_window < 0:
             raise ConnectionFault(h2.FLOW_CONTROL_ERROR, "the client sent more than its window")
         if self.up_queue or length > self.up_window or sid in self.streams or sid in self.refused:
-            return False
+            return WHOLE
         self.up_window -= length  # forwarded as it comes: charged to containerd's window now
-        return True
+        return STREAM
+
+    @staticmethod
+    def _k2c_fold(ftype: int, flags: int, sid: int, payload: memoryview) -> bool:
+        return True  # WINDOW_UPDATE, PING, SETTINGS ACK: nothing to follow
 
     @staticmethod
     def _check_header_block(r: _Reader, ftype: int, sid: int) -> None:
@@ -591,18 +610,51 @@ class Splice:
         if self.closed:
             return
         try:
-            self._pump(self.c2k, data, self._send_down, self._c2k_frame, self._c2k_streams)
+            self._pump(self.c2k, data, self._send_down, self._c2k_frame, self._c2k_classify, self._c2k_fold)
         except ConnectionFault as e:
             self.fail(e.code, f"containerd: {e}")
             return
         self._flush()
 
-    def _c2k_streams(self, ftype: int, flags: int, sid: int, length: int) -> bool:
-        if length > self.c2k.max_frame:
+    def _c2k_classify(self, ftype: int, flags: int, sid: int, length: int) -> int:
+        r = self.c2k
+        if length > r.max_frame:
             raise ConnectionFault(h2.FRAME_SIZE_ERROR,
-                                  f"frame of {length} bytes over the {self.c2k.max_frame} allowed")
-        self._check_header_block(self.c2k, ftype, sid)
-        return ftype == h2.DATA and sid not in self.streams and sid not in self.silenced
+                                  f"frame of {length} bytes over the {r.max_frame} allowed")
+        if r.in_header_block or ftype == h2.CONTINUATION or ftype == h2.PUSH_PROMISE:
+            self._check_header_block(r, ftype, sid)
+        if ftype == h2.DATA:
+            return STREAM if sid not in self.streams and sid not in self.silenced else WHOLE
+        if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
+            # a pass-through call's reply headers or trailers: read, never changed
+            return FOLD if sid not in self.streams and sid not in self.silenced else WHOLE
+        if ftype == h2.WINDOW_UPDATE or ftype == h2.PING or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK):
+            return FOLD
+        return WHOLE
+
+    def _c2k_fold(self, ftype: int, flags: int, sid: int, payload: memoryview) -> bool:
+        """The bookkeeping of a containerd frame the kubelet gets unchanged (False: it is
+        not one after all, nothing was done; it goes to _c2k_frame)."""
+        if ftype == h2.WINDOW_UPDATE:
+            if len(payload) != 4:
+                return False
+            if sid == 0:
+                if self.conn_debt:
+                    return False  # part of it is ours: _window_update_from_containerd
+                inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
+                self.up_window += inc
+                self.down_window += inc
+                self._drain_up()
+                return True
+            st = self.streams.get(sid)
+            return st is None or not st.sends_own_body
+        if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
+            r = self.c2k
+            if self._header_fragment(r, self.c2k_hpack, ftype, flags, sid, payload) is not None \
+                    and r.header_end_stream:
+                self._server_done(r.header_sid)
+            return True
+        return True  # PING, SETTINGS ACK
 
     def _c2k_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
         if ftype == h2.WINDOW_UPDATE and len(payload) == 4:
@@ -729,6 +781,15 @@ class Splice:
         """Add a HEADERS or CONTINUATION payload to the block; the decoded headers once the
         block is complete, else None."""
         try:
+            if ftype == h2.HEADERS and flags & h2.FLAG_END_HEADERS:  # the usual: a block in one frame
+                r.header_sid = sid
+                r.header_end_stream = bool(flags & h2.FLAG_END_STREAM)
+                block = bytes(h2.strip_padding(flags, payload, h2.HEADERS))
+                r.in_header_block = False
+                try:
+                    return decoder.decode(block)
+                except HeaderBlockError as e:
+                    raise ConnectionFault(e.code, str(e)) from None
             if ftype == h2.HEADERS:
                 r.block.clear()
                 r.header_sid = sid
@@ -822,14 +883,18 @@ class Splice:
             st.status_message, st.answered)
 
     # ---------------------------------------------------------------- framing machinery
-    def _pump(self, r: _Reader, data: bytes, send: Callable, on_frame: Callable, streams: Callable) -> None:
-        """Forward the frames in ``r.buf + data``: runs of pass-through bytes go out as
-        slices of what was read (no copy), other frames are handed to ``on_frame`` whole,
-        and an incomplete frame at the end waits in ``r.buf`` for the next read.
+    def _pump(self, r: _Reader, data: bytes, send: Callable, on_frame: Callable, classify: Callable,
+              fold: Callable) -> None:
+        """Forward the frames in ``r.buf + data``: runs of bytes forwarded unchanged go out
+        as slices of what was read (no copy, one send per run), other frames are handed to
+        ``on_frame`` whole, and an incomplete frame at the end waits in ``r.buf`` for the
+        next read.
 
-        ``streams(type, flags, stream, length)`` decides, once per frame, whether the frame
-        may be forwarded as its bytes arrive; it raises ConnectionFault for a frame the
-        connection cannot survive."""
+        ``classify(type, flags, stream, length)`` decides once per frame, when its header
+        arrives, whether it is read whole (WHOLE), streamed as its bytes arrive (STREAM)
+        or, once whole, folded into the run after ``fold(type, flags, stream, payload)``
+        did its bookkeeping (FOLD; ``fold`` may decline, then it is handled whole); it
+        raises ConnectionFault for a frame the connection cannot survive."""
         if r.buf:
             r.buf += data
             data = bytes(r.buf)
@@ -837,8 +902,9 @@ class Splice:
         view = memoryview(data)
         n = len(data)
         pos = 0
-        run = -1  # start of the pending run of pass-through bytes
+        run = -1  # start of the pending run of bytes forwarded unchanged
         c2k = r is self.c2k
+        unpack = _HEADER.unpack_from
         while pos < n and not self.closed:
             if r.passing:
                 take = min(r.passing, n - pos)
@@ -852,28 +918,44 @@ class Splice:
                     sid, r.tail = r.tail, None
                     self._server_done(sid)
                 continue
-            if n - pos < h2.FRAME_HEADER_LEN:
+            if n - pos < _HLEN:
                 break
-            length, ftype, flags, sid = h2.parse_frame_header(data, pos)
-            end = pos + h2.FRAME_HEADER_LEN + length
+            hi, lo, ftype, flags, sid = unpack(data, pos)
+            length = (hi << 16) | lo
+            sid &= 0x7FFFFFFF
+            end = pos + _HLEN + length
             if r.whole_pending:
                 r.whole_pending = False  # judged on an earlier read, when it began to arrive
-            elif streams(ftype, flags, sid, length):
-                if run < 0:
-                    run = pos
-                ends_call = c2k and flags & h2.FLAG_END_STREAM
-                if end <= n:
-                    pos = end
-                    if ends_call:
-                        send(view[run:pos])
-                        run = -1
-                        self._server_done(sid)
-                else:
-                    r.passing = end - n
-                    pos = n
-                    if ends_call:
-                        r.tail = sid
-                continue
+            else:
+                kind = classify(ftype, flags, sid, length)
+                if kind == STREAM:
+                    if run < 0:
+                        run = pos
+                    ends_call = c2k and flags & h2.FLAG_END_STREAM
+                    if end <= n:
+                        pos = end
+                        if ends_call:
+                            send(view[run:pos])
+                            run = -1
+                            self._server_done(sid)
+                    else:
+                        r.passing = end - n
+                        pos = n
+                        if ends_call:
+                            r.tail = sid
+                    continue
+                if kind == FOLD and end <= n and not r.pending:
+                    try:
+                        folded = fold(ftype, flags, sid, view[pos + _HLEN:end])
+                    except ConnectionFault:
+                        if run >= 0:  # what came before the faulty frame still goes out
+                            send(view[run:pos])
+                        raise
+                    if folded:
+                        if run < 0:
+                            run = pos
+                        pos = end
+                        continue
             if run >= 0:
                 send(view[run:pos])
                 run = -1
@@ -881,7 +963,7 @@ class Splice:
                 r.whole_pending = True
                 break
             raw = data[pos:end]
-            on_frame(ftype, flags, sid, raw[h2.FRAME_HEADER_LEN:], raw)
+            on_frame(ftype, flags, sid, raw[_HLEN:], raw)
             pos = end
             if r.pending and r.at_boundary:
                 self._flush_pending(r, send)
