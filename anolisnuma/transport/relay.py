@@ -8,6 +8,8 @@ repeats a fault at will cannot fill the disk.
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from typing import Any, Optional
 
 import structlog
@@ -17,6 +19,7 @@ from anolisnuma.pipeline.metrics import Counters
 from anolisnuma.system.heap import trim_heap
 from anolisnuma.transport import h2
 from anolisnuma.transport.budget import MemoryBudget
+from anolisnuma.transport.conn import Conn, ReadBuffer
 from anolisnuma.transport.splice import Splice
 
 log = structlog.get_logger("anolisnuma.transport")
@@ -42,6 +45,7 @@ class Relay:
         self.budget = MemoryBudget(budget_total, on_empty=self._buffers_empty)
         self._trim: Optional[asyncio.TimerHandle] = None
         self.counters = Counters()
+        self.read_buffer = ReadBuffer()   # shared by every connection's reads (one loop)
         self.splices: set = set()
         self._tasks: set = set()
         self._unreachable = EventSummary(
@@ -56,7 +60,7 @@ class Relay:
             splice.budget.limit = per_connection
 
     def protocol(self) -> asyncio.Protocol:
-        return _KubeletSide(self)
+        return _Accepted(self)
 
     def adopt(self, splice: Splice) -> None:
         self.splices.add(splice)
@@ -94,18 +98,24 @@ class Relay:
     # ---------------------------------------------------------------- connections
     async def _connect(self, splice: Splice) -> None:
         loop = asyncio.get_running_loop()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            up, _ = await asyncio.wait_for(
-                loop.create_unix_connection(lambda: _ContainerdSide(splice), self.upstream),
-                self.connect_timeout)
+            sock.setblocking(False)
+            await asyncio.wait_for(loop.sock_connect(sock, self.upstream), self.connect_timeout)
         except (OSError, asyncio.TimeoutError) as e:
+            sock.close()
             self.counters.add("containerd_unreachable")
             self._unreachable.note("unreachable", endpoint=self.upstream, error=str(e) or type(e).__name__)
             splice.close("containerd unreachable")
             return
+        except BaseException:
+            sock.close()
+            raise
         if splice.closed:
-            up.abort()
+            sock.close()
             return
+        up = Conn(loop, sock, _ContainerdSide(splice), self.read_buffer)
+        up.resume_reading()
         splice.upstream_connected(up)  # type: ignore[arg-type]
 
     async def drain(self, grace: float) -> int:
@@ -124,17 +134,40 @@ class Relay:
         return left
 
 
-class _KubeletSide(asyncio.Protocol):
+class _Accepted(asyncio.Protocol):
+    """What the daemon's asyncio server hands a new kubelet connection to: its socket is
+    taken over by a :class:`Conn` (a duplicate of the descriptor), and asyncio's
+    transport, which never read a byte, is dropped."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.pause_reading()  # type: ignore[attr-defined]
+        try:
+            fd = os.dup(transport.get_extra_info("socket").fileno())
+        except OSError as e:  # out of descriptors: the kubelet sees the connection close
+            log.error("cannot take over a kubelet connection", error=str(e))
+            transport.abort()
+            return
+        transport.abort()   # closes asyncio's descriptor only: the connection lives on in ours
+        side = _KubeletSide(self.relay)
+        conn = Conn(asyncio.get_running_loop(), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, fileno=fd),
+                    side, self.relay.read_buffer)
+        # nothing is read until containerd is connected
+        side.splice = Splice(self.relay, conn)  # type: ignore[arg-type]
+        self.relay.adopt(side.splice)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        pass  # asyncio's transport only
+
+
+class _KubeletSide:
     def __init__(self, relay: Relay) -> None:
         self.relay = relay
         self.splice: Optional[Splice] = None
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.pause_reading()  # nothing is read until containerd is connected
-        self.splice = Splice(self.relay, transport)  # type: ignore[arg-type]
-        self.relay.adopt(self.splice)
-
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: memoryview) -> None:
         self.splice.from_kubelet(data)
 
     def eof_received(self) -> Optional[bool]:
@@ -156,11 +189,11 @@ class _KubeletSide(asyncio.Protocol):
         s.resume_kubelet("kubelet not reading")
 
 
-class _ContainerdSide(asyncio.Protocol):
+class _ContainerdSide:
     def __init__(self, splice: Splice) -> None:
         self.splice = splice
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: memoryview) -> None:
         self.splice.from_containerd(data)
 
     def eof_received(self) -> Optional[bool]:

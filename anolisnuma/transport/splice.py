@@ -241,6 +241,8 @@ class Splice:
         goes out); ``ours``: a frame of ours whose credit the kubelet already had. Frames
         that carry no ordering with DATA (``ordered=False``) never wait."""
         if (ordered and self.up_queue) or flow > self.up_window:
+            if isinstance(data, memoryview):  # of the read buffer, which the next read overwrites
+                data = bytes(data)
             if not charge:  # pass-through bytes: bounded by flow control, counted anyway
                 charge = len(data)
                 self.budget.take(charge)
@@ -888,7 +890,9 @@ class Splice:
         """Forward the frames in ``r.buf + data``: runs of bytes forwarded unchanged go out
         as slices of what was read (no copy, one send per run), other frames are handed to
         ``on_frame`` whole, and an incomplete frame at the end waits in ``r.buf`` for the
-        next read.
+        next read. ``data`` may be a view of the relay's read buffer, which the next read
+        overwrites: what is kept past this call is copied (``on_frame`` gets bytes, runs
+        are written, or copied by the connection, before the read ends).
 
         ``classify(type, flags, stream, length)`` decides once per frame, when its header
         arrives, whether it is read whole (WHOLE), streamed as its bytes arrive (STREAM)
@@ -962,7 +966,7 @@ class Splice:
             if end > n:
                 r.whole_pending = True
                 break
-            raw = data[pos:end]
+            raw = bytes(view[pos:end])  # kept by some handlers: never a view of the read buffer
             on_frame(ftype, flags, sid, raw[_HLEN:], raw)
             pos = end
             if r.pending and r.at_boundary:
