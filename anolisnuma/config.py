@@ -87,6 +87,9 @@ class RuntimeConfig:
     connect_timeout_seconds: float = 1.0
     # Limit for the replies of the daemon's own calls to containerd (List*, status).
     max_message_bytes: int = 16 * MIB
+    # How often the store and the policies are reconciled with what containerd runs (a
+    # removal the proxy missed is dropped, a pod it never saw adopted); 0: at start only.
+    resync_interval_seconds: float = 60.0
 
     @classmethod
     def from_table(cls, t: Table) -> "RuntimeConfig":
@@ -95,6 +98,8 @@ class RuntimeConfig:
             connect_timeout_seconds=t.float("connect_timeout_seconds", cls.connect_timeout_seconds,
                                             min=0.01, max=60),
             max_message_bytes=t.int("max_message_bytes", cls.max_message_bytes, min=16 * MIB, max=2**31 - 1),
+            resync_interval_seconds=t.float("resync_interval_seconds", cls.resync_interval_seconds,
+                                            min=0, max=86400),
         )
         t.finish()
         return cfg

@@ -25,7 +25,7 @@ from anolisnuma.controller import Controller, Controllers
 from anolisnuma.cri.client import CriClient
 from anolisnuma.pipeline.hooks import Hook
 from anolisnuma.pipeline.interceptor import Interceptor
-from anolisnuma.reconcile.startup import resync_store
+from anolisnuma.reconcile.resync import RuntimeResync
 from anolisnuma.state.store import Store
 from anolisnuma.system import sd_notify
 from anolisnuma.transport.listener import UnixListener
@@ -179,6 +179,10 @@ class Daemon:
         cfg.server.buffer_bytes_total = new.server.buffer_bytes_total
         self.relay.set_budgets(new.server.buffer_bytes_per_connection, new.server.buffer_bytes_total)
         cfg.runtime.connect_timeout_seconds = self.relay.connect_timeout = new.runtime.connect_timeout_seconds
+        resync = self.controllers.get(RuntimeResync.name)
+        if "runtime.resync_interval_seconds" in plan.live and resync is not None:
+            cfg.runtime.resync_interval_seconds = resync.interval = new.runtime.resync_interval_seconds
+            resync.wake()   # the loop is waiting with the old interval
         log.info("configuration reloaded", config=cfg.source, applied=plan.live or None,
                  needs_restart=plan.restart or None)
         return plan
@@ -194,13 +198,16 @@ class Daemon:
             self._stop.set()
 
     async def _resync_until_done(self) -> None:
+        """The start-up resync (retried while containerd is down), then each hook's resync,
+        start and background loops; then the periodic resync."""
         loop = asyncio.get_running_loop()
-        client = CriClient(self.config.runtime.endpoint, self.config.runtime.max_message_bytes,
-                           timeout_seconds=30.0)
+        resync = RuntimeResync(self._connect(30.0), self.store, [], self.interceptor.recent,
+                               self.config.runtime.resync_interval_seconds)
+        registered = False
         try:
             while True:
                 try:
-                    pods, containers = await loop.run_in_executor(self.executor, resync_store, client, self.store)
+                    pods, containers = await loop.run_in_executor(self.executor, resync.listing)
                     break
                 except Exception as e:
                     log.warning("cannot resync with containerd yet; retrying", error=str(e).splitlines()[0][:300],
@@ -208,17 +215,21 @@ class Daemon:
                     await asyncio.sleep(RESYNC_RETRY_SECONDS)
             for hook in self.hooks:
                 try:
-                    await loop.run_in_executor(self.executor, hook.resync, pods, containers)
+                    await loop.run_in_executor(self.executor, hook.resync, pods, containers, self.interceptor.recent)
                     await loop.run_in_executor(self.executor, hook.start)
                     loops = await loop.run_in_executor(self.executor, hook.controllers, self._connect)
                 except Exception as e:
                     log.error("hook could not start; it stays passive", hook=hook.name, error=repr(e))
                     continue
+                resync.hooks.append(hook)
                 for controller in loops:
                     await self._start_controller(controller)
+            registered = True
+            await self._start_controller(resync)
             self.resynced = True
         finally:
-            client.close()
+            if not registered:
+                resync.stop()
 
     def _connect(self, timeout_seconds: Optional[float] = None) -> Any:
         """A new client to containerd for a background loop."""

@@ -20,6 +20,7 @@ LIVE_KEYS = (
     "server.buffer_bytes_per_connection",
     "server.buffer_bytes_total",
     "runtime.connect_timeout_seconds",
+    "runtime.resync_interval_seconds",
 )
 
 

@@ -71,6 +71,8 @@ def test_runtime_defaults_and_prefix():
                                 "connect_timeout_seconds": 0.5, "max_message_bytes": 32 * MIB}, "runtime")
     assert r.endpoint == "/run/k3s/containerd/containerd.sock"
     assert r.connect_timeout_seconds == 0.5 and r.max_message_bytes == 32 * MIB
+    assert r.resync_interval_seconds == 60.0
+    assert section(RuntimeConfig, {"resync_interval_seconds": 0}, "runtime").resync_interval_seconds == 0
 
 
 @pytest.mark.parametrize("values,key", [
@@ -80,6 +82,8 @@ def test_runtime_defaults_and_prefix():
     ({"connect_timeout_seconds": 0}, "runtime.connect_timeout_seconds"),
     ({"connect_timeout_seconds": "1s"}, "runtime.connect_timeout_seconds"),
     ({"max_message_bytes": 1024}, "runtime.max_message_bytes"),
+    ({"resync_interval_seconds": -1}, "runtime.resync_interval_seconds"),
+    ({"resync_interval_seconds": 86401}, "runtime.resync_interval_seconds"),
     ({"timeout": 3}, "runtime.timeout"),
 ])
 def test_runtime_errors_name_the_key(values, key):

@@ -25,7 +25,7 @@ rule files, the re-pinner, and traffic affinity when ``[numa.affinity]`` is on.
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Container, List, Optional
 
 import structlog
 
@@ -116,7 +116,6 @@ class NumaHook(Hook):
             return
         m = call.method
         pod = _pod_of(call)
-        p.saw(pod.uid if pod else None, call.container.container_id if call.container else None)
         if m == CREATE_CONTAINER:
             if pod is not None:
                 self._create_container(p, call, pod)
@@ -136,7 +135,6 @@ class NumaHook(Hook):
         if p is None:
             return
         pod = _pod_of(call)
-        p.saw(pod.uid if pod else None, call.container.container_id if call.container else None)
         if pod is None:
             return
         if call.method == CREATE_CONTAINER:
@@ -209,9 +207,9 @@ class NumaHook(Hook):
             call.notes["numa"] = answer.note
 
     # ================================================================== start-up
-    def resync(self, pods: List[PodRecord], containers: List[Any]) -> None:
+    def resync(self, pods: List[PodRecord], containers: List[Any], fresh: Container[str] = frozenset()) -> None:
         if self.placement is not None:
-            self.placement.resync(pods, containers)
+            self.placement.resync(pods, containers, fresh)
 
 
 def _pod_of(call: Call) -> Optional[PodRecord]:

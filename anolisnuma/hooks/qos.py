@@ -30,7 +30,7 @@ path; they are logged (escaped and cut) and ignored.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Container, Dict, List, Mapping, Optional, Tuple
 
 import structlog
 
@@ -383,17 +383,23 @@ class QosHook(Hook):
         self._raise_errors(pod.ref, *reports)
 
     # ------------------------------------------------------------------ resync
-    def resync(self, pods: List[PodRecord], containers: List[ContainerRecord]) -> None:
-        """Adopt everything containerd runs now, apply it, drop what is gone."""
+    def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],
+               fresh: Container[str] = frozenset()) -> None:
+        """Adopt everything containerd runs now, apply it, drop what is gone; leave alone
+        what calls newer than the listing named (``fresh``)."""
         if not self.cfg.enabled:
             return
         self.prepare()
         live_sandboxes = {p.sandbox_id for p in pods}
         for managed, _ in self.state.snapshot():
+            if managed.uid in fresh:
+                continue
             for sid in list(managed.sandbox_ids):
-                if sid not in live_sandboxes:
+                if sid not in live_sandboxes and sid not in fresh:
                     self.state.forget_sandbox(sid)
         for rec in pods:
+            if rec.sandbox_id in fresh or rec.uid in fresh:
+                continue
             pod = self.state.by_sandbox(rec.sandbox_id) or self._admit_record(rec)
             if pod is None:
                 continue
@@ -401,7 +407,7 @@ class QosHook(Hook):
             self._log_errors(pod.ref, self.applier.apply_pod(pod, compare=True))
         for crec in containers:
             pod = self.state.by_sandbox(crec.sandbox_id)
-            if pod is None:
+            if pod is None or crec.container_id in fresh or pod.uid in fresh:
                 continue
             _, ctr = self.state.by_container(crec.container_id)
             if ctr is None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, FrozenSet, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Container, FrozenSet, List, Optional
 
 from anolisnuma.state.records import ContainerRecord, PodRecord
 
@@ -98,10 +98,13 @@ class Hook:
         to containerd (None: its default timeout) for a loop that calls it."""
         return []
 
-    def resync(self, pods: List[PodRecord], containers: List[ContainerRecord]) -> None:
-        """Called at start, after the store was reconciled with containerd: ``pods`` and
-        ``containers`` are everything containerd runs now (stale records already dropped).
-        Drop what is gone, adopt what is new."""
+    def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],
+               fresh: Container[str] = frozenset()) -> None:
+        """Called at start and then periodically, after the store was reconciled with
+        containerd: ``pods`` and ``containers`` are everything containerd runs now (stale
+        records already dropped). Drop what is gone, adopt what is new, but leave alone
+        every pod UID, sandbox ID and container ID in ``fresh``: calls newer than the
+        listing named them."""
 
     def close(self) -> None:
         """Release resources (watchers, threads) at shutdown."""

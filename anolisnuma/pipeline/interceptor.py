@@ -25,6 +25,7 @@ from anolisnuma.pipeline.decision import Decision
 from anolisnuma.pipeline.context import container_from_create, describe, pod_from_sandbox_config, resources_of
 from anolisnuma.pipeline.journal import JournalEntry, PodJournal
 from anolisnuma.pipeline.metrics import Counters, LatencyStats
+from anolisnuma.pipeline.recent import RecentCalls
 from anolisnuma.state.store import Store
 
 log = structlog.get_logger("anolisnuma.pipeline")
@@ -83,6 +84,7 @@ class Interceptor:
         self.call_stats = LatencyStats()    # (method, gRPC code name)
         self.hook_stats = LatencyStats()    # (hook, stage, "ok" | "failed")
         self.journal = PodJournal()
+        self.recent = RecentCalls()         # what calls named lately: a resync leaves it alone
         self.hooks: List[H.Hook] = []
         self._pre: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
         self._post: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
@@ -175,6 +177,7 @@ class Interceptor:
     def _begin_call(self, pc: PipelineCall, request: Any) -> None:
         call = H.Call(method=pc.method, request=request)
         self._resolve(call)
+        self._note_ids(call)
         pc.call = call
         pc.log = log.bind(**describe(call))
         pc.skip_hooks = self._opted_out(call)
@@ -194,6 +197,7 @@ class Interceptor:
             reply = self._decode(pc, body, pc.spec.reply, "reply")
         if call is not None and reply is not None:
             call.reply = reply
+            self.recent.note(getattr(reply, "pod_sandbox_id", ""), getattr(reply, "container_id", ""))
             self._record(call)
         notes = call.notes if call is not None and call.notes else None
         logger = pc.log if call is not None else log.bind(method=pc.method)
@@ -358,6 +362,15 @@ class Interceptor:
             call.container = self.store.container(req.container_id)
             if call.container is not None:
                 call.pod = self.store.pod(call.container.sandbox_id)
+
+    def _note_ids(self, call: H.Call) -> None:
+        req = call.request
+        ids = [getattr(req, "pod_sandbox_id", ""), getattr(req, "container_id", "")]
+        if call.pod is not None:
+            ids += [call.pod.uid, call.pod.sandbox_id]
+        if call.container is not None:
+            ids += [call.container.container_id, call.container.sandbox_id]
+        self.recent.note(*ids)
 
     def _opted_out(self, call: H.Call) -> bool:
         pod = call.pod

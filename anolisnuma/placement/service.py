@@ -10,7 +10,8 @@ persisted before it returns:
 - :meth:`~PlacementService.move`: a live move of a running pod (traffic affinity);
 - :meth:`~PlacementService.follow_pool`: the kubelet's shared pool changed (its CPU manager
   checkpoint); :meth:`~PlacementService.reload_rules`: the rule files changed;
-- :meth:`~PlacementService.resync`: what containerd runs now (start-up).
+- :meth:`~PlacementService.resync`: what containerd runs now (at start, then every
+  ``[runtime] resync_interval_seconds``).
 
 Containers whose cgroup must be re-pinned without a kubelet call (adopted unpinned, an edit
 that did not reach containerd, a live move) are listed by
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Container, Dict, List, Optional, Sequence, Set, Tuple
 
 import structlog
 
@@ -102,11 +103,7 @@ class PlacementService:
         self.follow_pool()
         self._pending_updates: Dict[str, Tuple[CpuSet, CpuSet]] = {}
         self._moves: Dict[str, _MoveInFlight] = {}   # live moves being applied, by pod uid
-        # Pods and containers that passed through before the start-up resync: it works from
-        # a containerd listing taken earlier, so these are newer than it and never dropped.
         self._resynced = False
-        self._seen_pods: Set[str] = set()
-        self._seen_containers: Set[str] = set()
         self._save_failed = False
         self._config_rules, problems = resolve_pins(config.pins, topology)
         for problem in problems:
@@ -166,16 +163,6 @@ class PlacementService:
             return sorted(self._moves)
 
     # ================================================================== the kubelet's calls
-    def saw(self, pod_uid: Optional[str], container_id: Optional[str]) -> None:
-        """A call about this pod/container passed (it is newer than the start-up listing)."""
-        if self._resynced:
-            return
-        with self._lock:
-            if pod_uid:
-                self._seen_pods.add(pod_uid)
-            if container_id:
-                self._seen_containers.add(container_id)
-
     def place_container(self, pod: PodRecord, sandbox_id: str, share: ContainerShare, pod_demand: PodRequest,
                         kubelet_cpus: CpuSet, kubelet_mems: str, logger: Any = None) -> Answer:
         """CreateContainer: the cpuset for container ``share.name`` of ``pod``, placing the
@@ -602,34 +589,40 @@ class PlacementService:
                 log.info("NUMA allocations saved again", path=self._state.path)
             self._save_failed = False
 
-    def resync(self, pods: List[PodRecord], containers: List[ContainerRecord]) -> None:
+    def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],
+               fresh: Container[str] = frozenset()) -> None:
         """Reconcile the allocations with what containerd runs now: drop pods and containers
         that are gone, count containers we did not know under their pod (adopting managed
-        pods from the cpusets they have), and never count a container twice."""
+        pods from the cpusets they have), and never count a container twice. Pods and
+        containers in ``fresh`` (named by calls newer than the listing) are left as the
+        calls made them."""
         self.follow_pool()
         with self._lock:
+            first = not self._resynced
             by_sandbox = {p.sandbox_id: p for p in pods if p.sandbox_id}
             live_uids = {p.uid for p in pods}
             live_cids = {c.container_id for c in containers}
             dropped = []
             for alloc in self.ledger:
-                if alloc.pod_uid in self._seen_pods:
+                if alloc.pod_uid in fresh or alloc.sandbox_id in fresh:
                     continue  # changed by calls newer than the listing: the calls are right
                 if alloc.pod_uid not in live_uids or (alloc.sandbox_id and alloc.sandbox_id not in by_sandbox):
                     self._forget(alloc)
                     dropped.append(alloc.ref)
                     continue
                 for cid in list(alloc.containers):
-                    if cid not in live_cids and cid not in self._seen_containers:
+                    if cid not in live_cids and cid not in fresh:
                         self.ledger.remove_container(cid)
                         self._pending_updates.pop(cid, None)
-                self.ledger.clear_pending(alloc.pod_uid)
+                if first:
+                    # creates in flight when the proxy stopped never got their reply to us
+                    self.ledger.clear_pending(alloc.pod_uid)
             adopted: Dict[str, List[str]] = {}
             unpinned: Dict[str, List[ContainerRecord]] = {}
             pool = self.ledger.pool
             for c in containers:
                 pod = by_sandbox.get(c.sandbox_id)
-                if pod is None:
+                if pod is None or c.container_id in fresh or pod.uid in fresh or pod.sandbox_id in fresh:
                     continue
                 known = self.ledger.by_container(c.container_id)
                 if known is not None:
@@ -676,12 +669,11 @@ class PlacementService:
                     self._note_drift(c, alloc, parse_cpus(c.resources.cpuset_cpus) or CpuSet())
                     adopted.setdefault(pod.ref, []).append(c.name)
             self._resynced = True
-            self._seen_pods.clear()
-            self._seen_containers.clear()
             self._save()
-        log.info("NUMA allocations reconciled with containerd", allocations=len(self.ledger),
-                 dropped_pods=dropped or None, adopted=adopted or None,
-                 pending_updates=len(self._pending_updates) or None)
+        (log.info if first or dropped or adopted else log.debug)(
+            "NUMA allocations reconciled with containerd", allocations=len(self.ledger),
+            dropped_pods=dropped or None, adopted=adopted or None,
+            pending_updates=len(self._pending_updates) or None)
 
     def _adopt(self, pod: PodRecord, c: ContainerRecord, cpus: CpuSet, share: ContainerShare) -> Allocation:
         """An allocation for a managed pod found running with a cpuset: its nodes are those

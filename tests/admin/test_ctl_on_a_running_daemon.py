@@ -68,7 +68,8 @@ def test_status_says_what_runs_and_how_it_goes(node):
     assert s["relay"]["buffer_limit_bytes"] == 64 << 20
     # every background loop, registered in one place, with its own counts
     loops = s["controllers"]
-    assert set(loops) == {"store-writer", "numa-watch", "numa-repin", "numa-affinity", "qos-reconcile"}
+    assert set(loops) == {"store-writer", "numa-watch", "numa-repin", "numa-affinity", "qos-reconcile",
+                          "runtime-resync"}
     assert all(v["running"] and v["errors"] == 0 for v in loops.values()), loops
     assert loops["store-writer"]["runs"] >= 1 and loops["store-writer"]["interval_seconds"] == 0
     loops = wait_for(lambda: (lambda c: c if c["numa-affinity"]["samples"] >= 2 and c["numa-watch"]["runs"] >= 1
@@ -223,6 +224,13 @@ def test_reload_applies_a_good_configuration_and_refuses_a_bad_one(node):
                  "needs_restart": []}
     assert node.daemon.config.log.level == "debug"
     assert {h["name"]: h["budget_seconds"] for h in node.ctl_json("status")["hooks"]} == {"numa": 3.0, "qos": 3.0}
+    runs = node.ctl_json("status")["controllers"]["runtime-resync"]["runs"]
+    node.rewrite_config(runtime={"resync_interval_seconds": 0.05})
+    assert node.ctl_json("reload")["applied"] == ["runtime.resync_interval_seconds"]
+    wait_for(lambda: node.ctl_json("status")["controllers"]["runtime-resync"]["runs"] >= runs + 2,
+             "resync passes at the new interval")
+    node.rewrite_config(runtime={"resync_interval_seconds": 60.0})
+    assert node.ctl_json("reload")["applied"] == ["runtime.resync_interval_seconds"]
 
     node.rewrite_config(server={"listen": node.data["server"]["listen"] + ".new"}, metrics={"listen": ""})
     code, out, err = node.ctl("reload")

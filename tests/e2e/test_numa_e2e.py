@@ -701,22 +701,23 @@ def test_kill_9_during_pod_storm_then_restart_state_matches_containerd(container
 
 def test_pod_placed_while_startup_resync_runs_keeps_its_allocation(containerd, direct, tmp_path, monkeypatch):
     """The daemon relays calls while its start-up resync runs (daemon.py). It lists
-    containerd (``resync_store``) and only then calls ``NumaHook.resync(pods, containers)``
-    with that listing. A pod placed in between is not in the listing; ``resync`` must keep
-    its allocation (the calls are newer than the listing), or the pod would run pinned on
-    its node without counting there. Here the window is widened on purpose."""
-    import anolisnuma.daemon as daemon_mod
+    containerd (``RuntimeResync.listing``) and only then calls ``NumaHook.resync(pods,
+    containers, fresh)`` with that listing. A pod placed in between is not in the listing;
+    ``resync`` must keep its allocation (the calls are newer than the listing, and named in
+    ``fresh``), or the pod would run pinned on its node without counting there. Here the
+    window is widened on purpose."""
+    from anolisnuma.reconcile.resync import RuntimeResync
 
-    real = daemon_mod.resync_store
+    real = RuntimeResync.listing
     listed, go_on = threading.Event(), threading.Event()
 
-    def slow_resync_store(client: Any, store: Any) -> Any:
-        out = real(client, store)
+    def slow_listing(self: Any) -> Any:
+        out = real(self)
         listed.set()
         go_on.wait(20)
         return out
 
-    monkeypatch.setattr(daemon_mod, "resync_store", slow_resync_store)
+    monkeypatch.setattr(RuntimeResync, "listing", slow_listing)
     data = numa_config(str(tmp_path), containerd.socket)
     config = Config.from_dict(data)
     hook = build_hooks(config)[0]

@@ -443,6 +443,37 @@ def test_restart_restores_and_resync_reconciles(seed):
     assert sum(load.millicpu for load in ledger.loads().values()) == 2000
 
 
+def test_a_later_resync_drops_what_vanished_but_never_what_calls_named(seed):
+    """The periodic resync (no restart): a pod whose removal the proxy never saw is
+    released, a container created behind its back is counted, and a pod or container a
+    call named since the listing (``fresh``) is left as the calls made it."""
+    seed.hook.resync(list(seed.pods.values()), list(seed.containers.values()))   # the start-up one
+    lost = seed.run_pod("lost")
+    seed.create(lost, "app", request=1000)
+    busy = seed.run_pod("busy")
+    seed.create(busy, "app", request=1000)
+    grows = seed.run_pod("grows")
+    seed.create(grows, "app", request=1000)
+    late = seed.create(grows, "late", request=500, post=False)     # in flight: its reply not seen yet
+    pods, containers = list(seed.pods.values()), [c for c in seed.containers.values() if c.container_id != late]
+    # the listing: "lost" was removed without us; "busy" too, but a call is still on it
+    pods = [p for p in pods if p.sandbox_id not in (lost.sandbox_id, busy.sandbox_id)]
+    containers = [c for c in containers if c.sandbox_id in {p.sandbox_id for p in pods}]
+    extra = hexid()
+    containers.append(ContainerRecord(extra, grows.sandbox_id, "sidecar", resources=ContainerResources(
+        cpu_period=PERIOD, cpu_quota=50000, cpu_shares=512, cpuset_cpus="0-15")))
+    seed.hook.resync(pods, containers, frozenset({busy.uid}))
+    ledger = seed.hook.placement.ledger
+    assert lost.uid not in ledger and busy.uid in ledger
+    assert ledger.by_container(extra).pod_uid == grows.uid          # counted under its pod...
+    alloc = ledger.get(grows.uid)
+    assert seed.hook.placement.pending_updates() == [(extra, str(alloc.cpus(ledger.pool)), str(alloc.mems))]
+    assert set(ledger.get(grows.uid).pending) == {"late"}              # a later resync keeps creates in flight
+    assert ledger.loads() == ledger.recomputed_loads()
+    assert sum(load.millicpu for load in ledger.loads().values()) == 3000
+    assert {a["pod_uid"] for a in seed.saved()["allocations"]} == {busy.uid, grows.uid}
+
+
 def test_corrupt_state_is_rebuilt_from_containerd(seed):
     pods = [seed.run_pod(f"p{i}") for i in range(3)]
     cids = [seed.create(p, "app", request=1000) for p in pods]

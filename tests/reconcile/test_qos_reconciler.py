@@ -108,6 +108,22 @@ def test_removed_pods_and_containers_are_forgotten(node):
     assert ctr is None
 
 
+def test_a_later_resync_forgets_what_vanished_and_adopts_what_appeared_but_not_what_calls_named(node):
+    hook = QosHook(QosConfig(), node.paths)
+    gone, busy, stays = adopt(node, hook), adopt(node, hook), adopt(node, hook)
+    hook.resync([gone[0], busy[0], stays[0]], [gone[1], busy[1], stays[1]])
+    assert len(hook.state) == 3
+    new = adopt(node, hook, "LS")                                  # started behind the proxy's back
+    late = adopt(node, hook, "LS")                                 # its RunPodSandbox is passing now
+    hook.resync([stays[0], new[0], late[0]], [stays[1], new[1], late[1]], frozenset({busy[0].uid, late[0].uid}))
+    assert hook.state.by_sandbox(gone[0].sandbox_id) is None
+    assert hook.state.by_sandbox(busy[0].sandbox_id) is not None   # a call named it: left alone
+    assert hook.state.by_sandbox(late[0].sandbox_id) is None       # ... and the call adopts it
+    assert hook.state.by_sandbox(new[0].sandbox_id).level.value == "LS"
+    assert node.cgroup.read(new[2], "cpu.bvt_warp_ns") == "1"       # and its knobs are applied (LS)
+    assert hook.state.by_container(new[1].container_id)[1] is not None
+
+
 def test_systemd_and_v2_pods(node):
     fk = FakeKernel.temporary(cgroup_version=2)
     try:

@@ -1,0 +1,156 @@
+"""The one resync with containerd: the store (the pod/container cache every hook's calls are
+resolved from) and every hook agree with what containerd runs.
+
+:class:`RuntimeResync` makes a pass at start (retried by the daemon until containerd
+answers) and then every ``[runtime] resync_interval_seconds``: it lists containerd once,
+drops from the store the pods and containers containerd no longer has, reads back those it
+never saw (created while the proxy was down, or before it was installed, from containerd's
+verbose status), and hands the same listing to every hook (``Hook.resync``), which drop
+and adopt in their own state the same way. Whatever the kubelet's calls named since the
+window before the listing (:class:`~anolisnuma.pipeline.recent.RecentCalls`) is left alone
+by all of them: those calls are newer than the listing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Container, Dict, List, Sequence, Tuple
+
+import structlog
+
+from anolisnuma.controller import Controller
+from anolisnuma.state.records import ContainerRecord, ContainerResources, PodRecord
+from anolisnuma.state.store import Store
+from cri_proto import api_pb2
+
+log = structlog.get_logger("anolisnuma.resync")
+
+
+def resync_store(client: Any, store: Store, fresh: Container[str] = frozenset(), quiet: bool = False
+                 ) -> Tuple[List[PodRecord], List[ContainerRecord], Dict[str, int]]:
+    """Reconcile ``store`` with containerd through ``client`` (a CriClient); returns the
+    pods and containers that run now (ready sandboxes; their created or running containers)
+    and what changed. The store keeps every one containerd has, in any state, because the
+    kubelet's later calls (RemovePodSandbox of a stopped pod) are resolved from it. IDs in
+    ``fresh`` are neither dropped nor read back. ``quiet``: a pass that changed nothing is
+    logged at debug. Raises grpc.RpcError when containerd is down."""
+    known_pods = {p.sandbox_id for p in store.pods()}
+    known_containers = {c.container_id for c in store.containers()}
+    sandboxes = client.list_pod_sandboxes()
+    containers = client.list_containers()
+
+    live_pods = {s.id for s in sandboxes}
+    live_containers = {c.id for c in containers}
+    # (records added after ``known_*`` were taken are newer than the listing: never dropped)
+    dropped_pods = [sid for sid in known_pods - live_pods
+                    if sid not in fresh and store.remove_pod(sid) is not None]
+    dropped_containers = [cid for cid in known_containers - live_containers
+                          if cid not in fresh and store.remove_container(cid) is not None]
+
+    adopted_pods = 0
+    for s in sandboxes:
+        if store.pod(s.id) is None and s.id not in fresh and s.metadata.uid not in fresh:
+            store.put_pod(_pod_from_containerd(client, s))
+            adopted_pods += 1
+    adopted_containers = 0
+    for c in containers:
+        if store.container(c.id) is None and c.id not in fresh and store.pod(c.pod_sandbox_id) is not None:
+            store.put_container(_container_from_containerd(client, c))
+            adopted_containers += 1
+    changes = {"dropped_pods": len(dropped_pods), "dropped_containers": len(dropped_containers),
+               "adopted_pods": adopted_pods, "adopted_containers": adopted_containers}
+    (log.debug if quiet and not any(changes.values()) else log.info)(
+        "store reconciled with containerd", pods=len(live_pods), containers=len(live_containers), **changes)
+    # Stopped sandboxes and exited containers hold nothing: StopPodSandbox released them.
+    ready = {s.id for s in sandboxes if s.state == api_pb2.SANDBOX_READY}
+    running = {c.id for c in containers
+               if c.state in (api_pb2.CONTAINER_CREATED, api_pb2.CONTAINER_RUNNING) and c.pod_sandbox_id in ready}
+    pods = [p for p in store.pods() if p.sandbox_id in ready]
+    ctrs = [c for c in store.containers() if c.container_id in running]
+    return pods, ctrs, changes
+
+
+class RuntimeResync(Controller):
+    """``RuntimeResync(client, store, hooks, recent, interval_seconds)``: ``recent`` is the
+    pipeline's :class:`~anolisnuma.pipeline.recent.RecentCalls`."""
+
+    name = "runtime-resync"
+
+    def __init__(self, client: Any, store: Store, hooks: Sequence[Any], recent: Any,
+                 interval_seconds: float) -> None:
+        super().__init__()
+        self.client = client
+        self.store = store
+        self.hooks = list(hooks)
+        self.recent = recent
+        self.interval = interval_seconds
+        self.hook_errors = 0
+        self.changes: Dict[str, int] = {}
+        self._listed = False
+
+    def listing(self) -> Tuple[List[PodRecord], List[ContainerRecord]]:
+        """The store's pass alone (the daemon's start-up runs the hooks itself)."""
+        self.recent.new_window()
+        pods, containers, changes = resync_store(self.client, self.store, self.recent, quiet=self._listed)
+        self._listed = True
+        for k, v in changes.items():
+            self.changes[k] = self.changes.get(k, 0) + v
+        return pods, containers
+
+    def run_once(self) -> Tuple[int, int]:
+        pods, containers = self.listing()
+        for hook in self.hooks:
+            try:
+                hook.resync(pods, containers, self.recent)
+            except Exception as e:   # one hook's failure must not keep the others stale
+                self.hook_errors += 1
+                log.error("hook resync failed", hook=hook.name, error=repr(e))
+        return len(pods), len(containers)
+
+    def counts(self) -> Dict[str, int]:
+        return {**self.changes, "hook_errors": self.hook_errors}
+
+    def closed(self) -> None:
+        self.client.close()
+
+
+def _pod_from_containerd(client: Any, sandbox: Any) -> PodRecord:
+    cgroup_parent = ""
+    try:
+        _, info = client.pod_sandbox_status(sandbox.id, verbose=True)
+        cgroup_parent = _dig(info, "config", "linux", "cgroup_parent") or ""
+    except Exception as e:  # the pod may vanish between list and status
+        log.warning("cannot read pod status", pod_sandbox_id=sandbox.id, error=str(e))
+    md = sandbox.metadata
+    return PodRecord(sandbox_id=sandbox.id, uid=md.uid, name=md.name, namespace=md.namespace,
+                     cgroup_parent=cgroup_parent, labels=dict(sandbox.labels),
+                     annotations=dict(sandbox.annotations), runtime_handler=sandbox.runtime_handler)
+
+
+def _container_from_containerd(client: Any, container: Any) -> ContainerRecord:
+    resources = ContainerResources()
+    try:
+        _, info = client.container_status(container.id, verbose=True)
+        resources = _resources_from_spec(_dig(info, "runtimeSpec", "linux", "resources") or {})
+    except Exception as e:
+        log.warning("cannot read container status", container_id=container.id, error=str(e))
+    return ContainerRecord(container_id=container.id, sandbox_id=container.pod_sandbox_id,
+                           name=container.metadata.name, labels=dict(container.labels),
+                           annotations=dict(container.annotations), resources=resources)
+
+
+def _resources_from_spec(res: Dict[str, Any]) -> ContainerResources:
+    """ContainerResources from an OCI runtime spec's ``linux.resources``."""
+    cpu = res.get("cpu") or {}
+    memory = res.get("memory") or {}
+    return ContainerResources(
+        cpu_period=int(cpu.get("period") or 0), cpu_quota=int(cpu.get("quota") or 0),
+        cpu_shares=int(cpu.get("shares") or 0), memory_limit_in_bytes=int(memory.get("limit") or 0),
+        cpuset_cpus=str(cpu.get("cpus") or ""), cpuset_mems=str(cpu.get("mems") or ""))
+
+
+def _dig(data: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(k)
+    return data
