@@ -201,35 +201,29 @@ class Daemon:
         """The start-up resync (retried while containerd is down), then each hook's resync,
         start and background loops; then the periodic resync."""
         loop = asyncio.get_running_loop()
-        resync = RuntimeResync(self._connect(30.0), self.store, [], self.interceptor.recent,
+        resync = RuntimeResync(lambda: self._connect(30.0), self.store, [], self.interceptor.recent,
                                self.config.runtime.resync_interval_seconds)
-        registered = False
-        try:
-            while True:
-                try:
-                    pods, containers = await loop.run_in_executor(self.executor, resync.listing)
-                    break
-                except Exception as e:
-                    log.warning("cannot resync with containerd yet; retrying", error=str(e).splitlines()[0][:300],
-                                retry_in_seconds=RESYNC_RETRY_SECONDS)
-                    await asyncio.sleep(RESYNC_RETRY_SECONDS)
-            for hook in self.hooks:
-                try:
-                    await loop.run_in_executor(self.executor, hook.resync, pods, containers, self.interceptor.recent)
-                    await loop.run_in_executor(self.executor, hook.start)
-                    loops = await loop.run_in_executor(self.executor, hook.controllers, self._connect)
-                except Exception as e:
-                    log.error("hook could not start; it stays passive", hook=hook.name, error=repr(e))
-                    continue
-                resync.hooks.append(hook)
-                for controller in loops:
-                    await self._start_controller(controller)
-            registered = True
-            await self._start_controller(resync)
-            self.resynced = True
-        finally:
-            if not registered:
-                resync.stop()
+        while True:
+            try:
+                pods, containers = await loop.run_in_executor(self.executor, resync.listing)
+                break
+            except Exception as e:
+                log.warning("cannot resync with containerd yet; retrying", error=str(e).splitlines()[0][:300],
+                            retry_in_seconds=RESYNC_RETRY_SECONDS)
+                await asyncio.sleep(RESYNC_RETRY_SECONDS)
+        for hook in self.hooks:
+            try:
+                await loop.run_in_executor(self.executor, hook.resync, pods, containers, self.interceptor.recent)
+                await loop.run_in_executor(self.executor, hook.start)
+                loops = await loop.run_in_executor(self.executor, hook.controllers, self._connect)
+            except Exception as e:
+                log.error("hook could not start; it stays passive", hook=hook.name, error=repr(e))
+                continue
+            resync.hooks.append(hook)
+            for controller in loops:
+                await self._start_controller(controller)
+        await self._start_controller(resync)
+        self.resynced = True
 
     def _connect(self, timeout_seconds: Optional[float] = None) -> Any:
         """A new client to containerd for a background loop."""

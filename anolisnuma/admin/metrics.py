@@ -143,12 +143,12 @@ class DaemonCollector:
         yield other
 
     def _numa(self) -> Iterator[Metric]:
-        numa = views.placement(self.daemon)
-        if numa is None:
+        service = views.placement(self.daemon)
+        if service is None:
             return
-        loads = numa.ledger.loads()
-        pool = numa.shared_pool
-        exclusive = numa.kubelet_state.exclusive_cpus
+        loads = service.ledger.loads()
+        pool = service.shared_pool
+        exclusive = service.kubelet_state.exclusive_cpus
         fams = {
             "cpus": GaugeMetricFamily(P + "numa_node_cpus", "online CPUs of the node", labels=["node"]),
             "shared": GaugeMetricFamily(P + "numa_node_shared_cpus", "CPUs of the node in the kubelet's shared pool",
@@ -161,7 +161,7 @@ class DaemonCollector:
                                         "memory limits of the pods placed on the node", labels=["node"]),
             "pods": GaugeMetricFamily(P + "numa_node_pods", "pods placed on the node", labels=["node"]),
         }
-        for node in numa.topology.nodes:
+        for node in service.topology.nodes:
             label = [str(node.id)]
             load = loads.get(node.id)
             fams["cpus"].add_metric(label, len(node.cpus))
@@ -172,7 +172,7 @@ class DaemonCollector:
             fams["pods"].add_metric(label, load.pods if load else 0)
         yield from fams.values()
         yield GaugeMetricFamily(P + "numa_pending_updates", "placements waiting for the repin loop",
-                                value=len(numa.pending_updates()))
+                                value=len(service.pending_updates()))
 
     def _qos(self) -> Iterator[Metric]:
         hook = views.qos_hook(self.daemon)

@@ -173,8 +173,8 @@ class _PolicyFacts:
                 "containers": len(managed.containers)}
 
     def numa(self, rec: PodRecord) -> Dict[str, Any]:
-        placement = self.placement
-        if placement is None:
+        service = self.placement
+        if service is None:
             return {"placed": False, "why": "NUMA placement off"}
         out: Dict[str, Any] = {"placed": False}
         exclusive = {}
@@ -185,7 +185,7 @@ class _PolicyFacts:
         key = self.opted_out(rec)
         alloc = self.allocations.get(rec.uid)
         if alloc is not None and alloc.sandbox_id in ("", rec.sandbox_id):
-            sel = placement.select(rec)
+            sel = service.select(rec)
             if alloc.source == "rule":
                 why = f"rule {sel.rule.source}" if sel.rule is not None else "rule (no longer listed)"
             elif alloc.source == "adopted":
@@ -202,7 +202,7 @@ class _PolicyFacts:
         elif exclusive:
             out["why"] = "kubelet-exclusive CPUs (static CPU manager); left alone"
         else:
-            sel = placement.select(rec)
+            sel = service.select(rec)
             out["why"] = f"managed ({sel.why}); not placed" if sel.managed else f"unmanaged ({sel.why})"
         return out
 
@@ -225,17 +225,17 @@ def _qos_skip_reason(rec: PodRecord) -> Dict[str, str]:
 def numa(daemon: "Daemon") -> Dict[str, Any]:
     """Per NUMA node: CPUs, those in the kubelet's shared pool and exclusive ones, what our
     placements use, and the pods placed there."""
-    numa = placement(daemon)
-    if numa is None:
+    service = placement(daemon)
+    if service is None:
         return {"enabled": False}
-    allocations = numa.allocations()
-    loads = numa.ledger.loads()
-    kubelet = numa.kubelet_state
-    pool = numa.shared_pool
+    allocations = service.allocations()
+    loads = service.ledger.loads()
+    kubelet = service.kubelet_state
+    pool = service.shared_pool
     exclusive_cpus = kubelet.exclusive_cpus
     refs = {p.uid: p.ref for p in daemon.store.pods()}
     nodes = []
-    for node in numa.topology.nodes:
+    for node in service.topology.nodes:
         load = loads.get(node.id)
         used = load.millicpu if load is not None else 0
         shared = node.cpus & pool
@@ -251,7 +251,7 @@ def numa(daemon: "Daemon") -> Dict[str, Any]:
                  ] if kubelet.is_static else []
     return {"enabled": True, "kubelet_policy": kubelet.policy, "shared_pool": str(pool),
             "kubelet_exclusive_cpus": str(exclusive_cpus), "kubelet_exclusive": exclusive,
-            "allocations": len(allocations), "pending_updates": len(numa.pending_updates()), "nodes": nodes}
+            "allocations": len(allocations), "pending_updates": len(service.pending_updates()), "nodes": nodes}
 
 
 # ---------------------------------------------------------------- explain
@@ -280,7 +280,7 @@ def explain(daemon: "Daemon", query: str) -> List[Dict[str, Any]]:
     found = find_pods(daemon, query)
     facts = _PolicyFacts(daemon)
     by_sandbox = _containers_by_sandbox(daemon.store.containers())
-    numa = placement(daemon)
+    service = placement(daemon)
     out = []
     for uid, recs in _group_by_uid(found):
         # the sandbox that runs containers speaks for the pod (an old one may linger until removed)
@@ -302,8 +302,8 @@ def explain(daemon: "Daemon", query: str) -> List[Dict[str, Any]]:
             "numa": facts.numa(rec),
             "calls": daemon.interceptor.journal.calls(uid),
         }
-        if numa is not None:
-            sel = numa.select(rec)
+        if service is not None:
+            sel = service.select(rec)
             entry["numa"]["selection"] = sel.why
             if sel.rule is not None:
                 entry["numa"]["rule"] = sel.rule.describe()

@@ -13,7 +13,7 @@ by all of them: those calls are newer than the listing.
 
 from __future__ import annotations
 
-from typing import Any, Container, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Container, Dict, List, Sequence, Tuple
 
 import structlog
 
@@ -70,15 +70,17 @@ def resync_store(client: Any, store: Store, fresh: Container[str] = frozenset(),
 
 
 class RuntimeResync(Controller):
-    """``RuntimeResync(client, store, hooks, recent, interval_seconds)``: ``recent`` is the
-    pipeline's :class:`~anolisnuma.pipeline.recent.RecentCalls`."""
+    """``RuntimeResync(connect, store, hooks, recent, interval_seconds)``: ``connect()``
+    opens a client to containerd (one per pass, closed after it: no channel is held for the
+    minute between passes); ``recent`` is the pipeline's
+    :class:`~anolisnuma.pipeline.recent.RecentCalls`."""
 
     name = "runtime-resync"
 
-    def __init__(self, client: Any, store: Store, hooks: Sequence[Any], recent: Any,
+    def __init__(self, connect: Callable[[], Any], store: Store, hooks: Sequence[Any], recent: Any,
                  interval_seconds: float) -> None:
         super().__init__()
-        self.client = client
+        self.connect = connect
         self.store = store
         self.hooks = list(hooks)
         self.recent = recent
@@ -90,7 +92,11 @@ class RuntimeResync(Controller):
     def listing(self) -> Tuple[List[PodRecord], List[ContainerRecord]]:
         """The store's pass alone (the daemon's start-up runs the hooks itself)."""
         self.recent.new_window()
-        pods, containers, changes = resync_store(self.client, self.store, self.recent, quiet=self._listed)
+        client = self.connect()
+        try:
+            pods, containers, changes = resync_store(client, self.store, self.recent, quiet=self._listed)
+        finally:
+            client.close()
         self._listed = True
         for k, v in changes.items():
             self.changes[k] = self.changes.get(k, 0) + v
@@ -108,9 +114,6 @@ class RuntimeResync(Controller):
 
     def counts(self) -> Dict[str, int]:
         return {**self.changes, "hook_errors": self.hook_errors}
-
-    def closed(self) -> None:
-        self.client.close()
 
 
 def _pod_from_containerd(client: Any, sandbox: Any) -> PodRecord:

@@ -3,8 +3,8 @@
 Keyed by containerd's sandbox and container IDs, because the ID-only calls (StartContainer,
 UpdateContainerResources, Stop*/Remove*) are only meaningful with what RunPodSandbox and
 CreateContainer told us. Writes go to disk from one background loop (:class:`StoreWriter`,
-woken by every change) so the relay never waits for fsync; the newest snapshot always wins, and a ``kill -9`` loses at most the last
-change, which the start-up resync with containerd restores.
+woken by every change) so the relay never waits for fsync; the newest snapshot always wins,
+and a ``kill -9`` loses at most the last change, which the resync with containerd restores.
 """
 
 from __future__ import annotations
@@ -145,6 +145,11 @@ class Store:
             containers = ",".join(self._container_json.values())
         return ('{"containers":[%s],"pods":[%s],"version":%d}' % (containers, pods, FORMAT_VERSION)).encode()
 
+    def write(self) -> None:
+        """Write the snapshot now (a store without a state directory has nothing to write)."""
+        if self._path:
+            self._write_once()
+
     def _write_once(self) -> None:
         with self._saved:
             version = self._version
@@ -169,8 +174,7 @@ class StoreWriter(Controller):
         self.store = store
 
     def run_once(self) -> None:
-        if self.store._path:
-            self.store._write_once()
+        self.store.write()
 
 
 def _encode(record: dict) -> str:

@@ -110,13 +110,12 @@ def test_every_hook_gets_the_same_listing_and_one_failing_does_not_stop_the_othe
     ctd.pod(1)
     ctd.container(10, pod=1)
     hooks = [Hook("numa", fail=True), Hook("qos")]
-    loop = RuntimeResync(ctd, store, hooks, recent, interval_seconds=60)
+    loop = RuntimeResync(lambda: ctd, store, hooks, recent, interval_seconds=60)
     assert loop.step() == (1, 1)
+    assert ctd.closed            # one client per pass: none is held between passes
     assert hooks[0].seen == hooks[1].seen == [([sid(1)], [cid(10)], recent)]
     assert loop.hook_errors == 1 and loop.errors == 0 and loop.runs == 1
     assert loop.counts()["adopted_pods"] == 1 and loop.counts()["adopted_containers"] == 1
-    loop.stop()
-    assert ctd.closed
 
 
 def test_recent_calls_are_left_alone_for_the_next_two_listings_only():
