@@ -145,10 +145,12 @@ class _Reader:
         self.tail: Optional[int] = None   # stream whose END_STREAM frame is still streaming
         self.silenced_block: List[bytes] = []  # frames of a header block we may drop
         self.whole_pending = False        # the frame at the head of ``buf`` is read whole
+        self.folding = False              # a frame joining the run is being looked at
 
     @property
     def at_boundary(self) -> bool:
-        return self.passing == 0 and not self.in_header_block
+        # while a frame is folded its bytes are not out yet: frames of ours wait for it
+        return self.passing == 0 and not self.in_header_block and not self.folding
 
 
 class Splice:
@@ -279,7 +281,8 @@ class Splice:
     def _flush(self) -> None:
         if self.closed:
             return
-        self._give_credit()
+        if self.down_credit or self.down_stream_credit:
+            self._give_credit()
         if self.up_out and self.up is not None:
             self.up.write(self.up_out[0] if len(self.up_out) == 1 else b"".join(self.up_out))
             self.up_out.clear()
@@ -375,8 +378,8 @@ class Splice:
         if ftype != h2.DATA:
             # Frames that carry no ordering with DATA jump containerd's queue (_send_up
             # ordered=False): only with the queue empty is the run the same thing.
-            if (ftype == h2.WINDOW_UPDATE or ftype == h2.PING
-                    or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK)) and not self.up_queue:
+            if (ftype == h2.HEADERS or ftype == h2.CONTINUATION or ftype == h2.WINDOW_UPDATE
+                    or ftype == h2.PING or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK)) and not self.up_queue:
                 return FOLD
             return WHOLE
         self.down_window -= length
@@ -387,8 +390,12 @@ class Splice:
         self.up_window -= length  # forwarded as it comes: charged to containerd's window now
         return STREAM
 
-    @staticmethod
-    def _k2c_fold(ftype: int, flags: int, sid: int, payload: memoryview) -> bool:
+    def _k2c_fold(self, ftype: int, flags: int, sid: int, payload: memoryview) -> bool:
+        if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
+            r = self.k2c
+            headers = self._header_fragment(r, self.k2c_hpack, ftype, flags, sid, payload)
+            if headers is not None:
+                self._request_headers(r.header_sid, headers, r.header_end_stream)
         return True  # WINDOW_UPDATE, PING, SETTINGS ACK: nothing to follow
 
     @staticmethod
@@ -949,16 +956,23 @@ class Splice:
                             r.tail = sid
                     continue
                 if kind == FOLD and end <= n and not r.pending:
+                    r.folding = True
                     try:
                         folded = fold(ftype, flags, sid, view[pos + _HLEN:end])
                     except ConnectionFault:
                         if run >= 0:  # what came before the faulty frame still goes out
                             send(view[run:pos])
                         raise
+                    finally:
+                        r.folding = False
                     if folded:
                         if run < 0:
                             run = pos
                         pos = end
+                        if r.pending and r.at_boundary:  # frames of ours it caused go right after it
+                            send(view[run:pos])
+                            run = -1
+                            self._flush_pending(r, send)
                         continue
             if run >= 0:
                 send(view[run:pos])
