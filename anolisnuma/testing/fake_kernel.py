@@ -123,8 +123,18 @@ class FakeCgroupTree:
             for i, part in enumerate(parts):
                 d = os.path.join(d, part)
                 if not os.path.isdir(d):
-                    os.mkdir(d)
-                    self._populate(d, self._controller_of(base), tids=tids if i == len(parts) - 1 else ())
+                    # The kernel makes a cgroup with all its files at once: a reader racing
+                    # with us (a hook running after its call returned) must never see the
+                    # directory without its files. So populate aside, then rename.
+                    tmp = tempfile.mkdtemp(prefix=f".{part}.", dir=os.path.dirname(d))
+                    os.chmod(tmp, 0o755)
+                    self._populate(tmp, self._controller_of(base), tids=tids if i == len(parts) - 1 else ())
+                    try:
+                        os.rename(tmp, d)
+                    except OSError:
+                        shutil.rmtree(tmp, ignore_errors=True)   # made meanwhile by another caller
+                        if not os.path.isdir(d):
+                            raise
                 elif i == len(parts) - 1 and tids:
                     self._populate_tids(d, tids)
 
