@@ -54,6 +54,12 @@ def daemon(sockdir: str, backend: FakeCri) -> Iterator[SubprocessProxy]:
         "qos": {"enabled": True},
     })
     proxy = SubprocessProxy(cfg, sockdir).start()
+    # Intercepted calls that arrive while the hooks are still being built wait for them;
+    # these tests are about the relay, so they start once the hooks are ready (a call
+    # whose wait began in the very loop turn the hooks became ready was seen to wait on:
+    # see Interceptor._when_ready).
+    wait_for(lambda: any(line.get("message") == "hooks ready" for line in read_log(cfg["log"]["file"])),
+             timeout=30, what="the daemon's hooks ready")
     # A first call warms up every code path, so that RSS baselines are taken on a warm
     # daemon; then the daemon itself ends that connection (an oversized frame), so that
     # when its end reaches us, the fds it used are closed and the fd baseline is exact.
@@ -138,9 +144,10 @@ def test_undecodable_header_block_ends_the_connection_and_nothing_passes_unpolic
     with grpc.insecure_channel(daemon.address, options=CLIENT_OPTIONS) as ch:
         cri_grpc.RuntimeServiceStub(ch).RunPodSandbox(cri.RunPodSandboxRequest(config=cri.PodSandboxConfig(
             metadata=cri.PodSandboxMetadata(name="p", uid="u1", namespace="default"))), timeout=5)
-    lines = read_log(daemon.data["log"]["file"])
-    assert any(line.get("message") == "run pod sandbox request from kubelet" for line in lines)
-    assert any(line.get("http2_error") == "COMPRESSION_ERROR" for line in lines)
+    # the daemon's log is written by a thread of its own: the lines may follow the reply
+    wait_for(lambda: any(line.get("message") == "run pod sandbox request from kubelet"
+                         for line in read_log(daemon.data["log"]["file"])), what="the call's log line")
+    assert any(line.get("http2_error") == "COMPRESSION_ERROR" for line in read_log(daemon.data["log"]["file"]))
 
 
 def test_client_that_does_not_speak_http2_is_closed(daemon, backend):
