@@ -28,6 +28,13 @@ from typing import Any, Optional
 HIGH_WATER = 64 * 1024
 LOW_WATER = 16 * 1024
 READ_BYTES = 256 * 1024   # as asyncio reads
+# The kernel's send buffer of each side (the default, net.core.wmem_default, is ~208 KiB):
+# a 0.76 MiB list reply then goes out in one send per read instead of a partial send, a
+# copy into ``out`` and a wake-up per 208 KiB (issue 10: -15 % proxy CPU per list and
+# -0.05 ms at p50). It is kernel memory, taken only while a peer does not read, and the
+# relay's own flow control and budgets still start where it ends.
+SEND_BUFFER_BYTES = 1 << 20
+_SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)   # past net.core.wmem_max (root)
 
 
 class ReadBuffer:
@@ -48,6 +55,13 @@ class Conn:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, owner: Any, rb: ReadBuffer) -> None:
         sock.setblocking(False)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, SEND_BUFFER_BYTES)
+        except OSError:  # not root: as far as net.core.wmem_max allows
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            except OSError:
+                pass
         self.loop = loop
         self.sock = sock
         self.fd = sock.fileno()
