@@ -114,7 +114,7 @@ class Relay:
         if splice.closed:
             sock.close()
             return
-        up = Conn(loop, sock, _ContainerdSide(splice), self.read_buffer)
+        up = Conn(loop, sock, _ContainerdSide(splice), self.read_buffer, splice.from_containerd)
         up.resume_reading()
         splice.upstream_connected(up)  # type: ignore[arg-type]
 
@@ -156,6 +156,7 @@ class _Accepted(asyncio.Protocol):
                     side, self.relay.read_buffer)
         # nothing is read until containerd is connected
         side.splice = Splice(self.relay, conn)  # type: ignore[arg-type]
+        conn.on_data = side.splice.from_kubelet
         self.relay.adopt(side.splice)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
@@ -167,7 +168,7 @@ class _KubeletSide:
         self.relay = relay
         self.splice: Optional[Splice] = None
 
-    def data_received(self, data: memoryview) -> None:
+    def data_received(self, data: memoryview) -> None:  # (Conn calls the splice directly)
         self.splice.from_kubelet(data)
 
     def eof_received(self) -> Optional[bool]:
@@ -193,7 +194,7 @@ class _ContainerdSide:
     def __init__(self, splice: Splice) -> None:
         self.splice = splice
 
-    def data_received(self, data: memoryview) -> None:
+    def data_received(self, data: memoryview) -> None:  # (Conn calls the splice directly)
         self.splice.from_containerd(data)
 
     def eof_received(self) -> Optional[bool]:

@@ -189,6 +189,9 @@ class Splice:
         self.paused: Set[str] = set()               # why the kubelet is not being read
         self.closed = False
         self.idle_waiters: List[asyncio.Future] = []
+        # _pump's per-direction arguments, bound once rather than on every read
+        self._k2c_pump = (self.k2c, self._send_up, self._k2c_frame, self._k2c_classify, self._k2c_fold)
+        self._c2k_pump = (self.c2k, self._send_down, self._c2k_frame, self._c2k_classify, self._c2k_fold)
 
     # ---------------------------------------------------------------- wiring
     def upstream_connected(self, up: asyncio.Transport) -> None:
@@ -361,7 +364,7 @@ class Splice:
                 data = bytes(r.buf[len(h2.PREFACE):])
                 r.buf.clear()
                 r.need_preface = False
-            self._pump(r, data, self._send_up, self._k2c_frame, self._k2c_classify, self._k2c_fold)
+            self._pump(data, *self._k2c_pump)
         except ConnectionFault as e:
             self.fail(e.code, str(e))
             return
@@ -619,7 +622,7 @@ class Splice:
         if self.closed:
             return
         try:
-            self._pump(self.c2k, data, self._send_down, self._c2k_frame, self._c2k_classify, self._c2k_fold)
+            self._pump(data, *self._c2k_pump)
         except ConnectionFault as e:
             self.fail(e.code, f"containerd: {e}")
             return
@@ -892,7 +895,7 @@ class Splice:
             st.status_message, st.answered)
 
     # ---------------------------------------------------------------- framing machinery
-    def _pump(self, r: _Reader, data: bytes, send: Callable, on_frame: Callable, classify: Callable,
+    def _pump(self, data: Any, r: _Reader, send: Callable, on_frame: Callable, classify: Callable,
               fold: Callable) -> None:
         """Forward the frames in ``r.buf + data``: runs of bytes forwarded unchanged go out
         as slices of what was read (no copy, one send per run), other frames are handed to
@@ -910,7 +913,7 @@ class Splice:
             r.buf += data
             data = bytes(r.buf)
             r.buf.clear()
-        view = memoryview(data)
+        view = data if type(data) is memoryview else memoryview(data)
         n = len(data)
         pos = 0
         run = -1  # start of the pending run of bytes forwarded unchanged
