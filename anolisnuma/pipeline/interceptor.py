@@ -148,7 +148,11 @@ class Interceptor:
         if self._unavailable:
             return Decision.refuse(grpcwire.STATUS_CODES["UNAVAILABLE"], f"anolisnuma: {self._unavailable}")
         if not self._ready:
-            return asyncio.ensure_future(self._when_ready(pc, body))
+            # The waiter is registered now, not when the coroutine first runs: the hooks may
+            # become ready before then, and a waiter added after the wake-up waits forever.
+            ready = asyncio.get_running_loop().create_future()
+            self._waiting.append(ready)
+            return asyncio.ensure_future(self._when_ready(pc, body, ready))
         request, why = self._read(body, pc.spec.request)
         if request is None:
             self.counters.add("requests_unreadable")
@@ -161,10 +165,8 @@ class Interceptor:
             return Decision.forward(body)
         return asyncio.ensure_future(self._run_pre(pc, self._pre[pc.method], body))
 
-    async def _when_ready(self, pc: PipelineCall, body: bytes) -> Decision:
-        fut = asyncio.get_running_loop().create_future()
-        self._waiting.append(fut)
-        await fut
+    async def _when_ready(self, pc: PipelineCall, body: bytes, ready: "asyncio.Future[None]") -> Decision:
+        await ready
         outcome = self.on_request(pc, body)
         return outcome if isinstance(outcome, Decision) else await outcome
 
