@@ -103,7 +103,14 @@ class Conn:
             self.pause_reading()
             self.owner.eof_received()
             return
-        self.on_data(rb.view[:n])
+        try:
+            self.on_data(rb.view[:n])
+        except Exception as e:
+            # As asyncio's transports do: a receiver that failed mid-read may have lost
+            # its place in the byte stream, so the connection ends rather than going on.
+            self.loop.call_exception_handler({"message": "relay: reading a connection failed",
+                                              "exception": e, "transport": self})
+            self._close_now(e)
 
     # ------------------------------------------------------------------ writing
     def write(self, data: Any) -> None:
