@@ -1,23 +1,26 @@
 """``CriClient``: the daemon's own synchronous CRI client for containerd.
 
-Used at start-up resync and by the reconcilers, from worker threads (a gRPC channel is
-thread-safe; one client can be shared). It speaks ``runtime.v1.RuntimeService`` with the
-``cri_proto`` messages; fields that ``cri_proto`` does not declare are kept as unknown
-fields and are simply not visible here.
+Used by the resync and the background loops, from worker threads (thread-safe: calls on
+one client are serialized; one client can be shared). It speaks
+``runtime.v1.RuntimeService`` with the ``cri_proto`` messages over
+:class:`~anolisnuma.cri.unary.UnaryChannel` (HTTP/2 by the ``h2`` library, not grpcio: see
+there why); fields that ``cri_proto`` does not declare are kept as unknown fields and are
+simply not visible here.
 
-Every call may raise :class:`grpc.RpcError` (``code()`` / ``details()``), for example
-``UNAVAILABLE`` when containerd is down or restarting, ``DEADLINE_EXCEEDED`` when the
-call takes longer than ``timeout_seconds``, ``NOT_FOUND`` for an unknown sandbox or
-container ID, and ``RESOURCE_EXHAUSTED`` when a reply exceeds ``max_message_bytes``.
-Calls fail fast (no wait-for-ready): the caller decides whether to retry.
+Every call may raise :class:`~anolisnuma.cri.unary.CallError` (``code()`` / ``details()``,
+``code().name`` as in gRPC), for example ``UNAVAILABLE`` when containerd is down or
+restarting, ``DEADLINE_EXCEEDED`` when the call takes longer than ``timeout_seconds``,
+``NOT_FOUND`` for an unknown sandbox or container ID, and ``RESOURCE_EXHAUSTED`` when a
+reply exceeds ``max_message_bytes``. Calls fail fast (no wait-for-ready): the caller
+decides whether to retry.
 """
 
 import json
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Type
 
-import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
+from anolisnuma.cri.unary import CallError, StatusCode, UnaryChannel
 from cri_proto import api_pb2
 
 #: Default cap for messages in both directions: what the kubelet and containerd allow.
@@ -52,7 +55,7 @@ class CriClient:
     4 MiB). ``timeout_seconds`` is the deadline of each call.
 
     Constructing the client does not connect; the channel connects on first use and
-    reconnects by itself after containerd restarts.
+    again after a connection failed (containerd restarted).
     """
 
     def __init__(
@@ -72,27 +75,16 @@ class CriClient:
         self.endpoint = endpoint
         self.max_message_bytes = max_message_bytes
         self.timeout_seconds = timeout_seconds
-        self._channel = grpc.insecure_channel(
-            _UNIX_PREFIX + endpoint,
-            options=[
-                ("grpc.max_receive_message_length", max_message_bytes),
-                ("grpc.max_send_message_length", max_message_bytes),
-            ],
-        )
-        self._stubs: Dict[str, Any] = {}
+        self._channel = UnaryChannel(endpoint, max_message_bytes)
 
     # -- plumbing --------------------------------------------------------------------
 
     def _call(self, method: str, request: Message, reply_class: Type[Message]) -> Any:
-        stub = self._stubs.get(method)
-        if stub is None:
-            stub = self._channel.unary_unary(
-                RUNTIME_SERVICE_PATH + method,
-                request_serializer=type(request).SerializeToString,
-                response_deserializer=reply_class.FromString,
-            )
-            self._stubs[method] = stub
-        return stub(request, timeout=self.timeout_seconds)
+        data = self._channel.call(RUNTIME_SERVICE_PATH + method, request.SerializeToString(), self.timeout_seconds)
+        try:
+            return reply_class.FromString(data)
+        except DecodeError as e:
+            raise CallError(StatusCode.INTERNAL, f"cannot read the {method} reply: {e}") from None
 
     def close(self) -> None:
         """Close the channel; calls in flight are cancelled. Safe to call twice."""
@@ -109,7 +101,7 @@ class CriClient:
     def version(self, api_version: str = "v1") -> api_pb2.VersionResponse:
         """``Version``: runtime name, version and CRI API version.
 
-        Raises grpc.RpcError.
+        Raises CallError.
         """
         return self._call(
             "Version", api_pb2.VersionRequest(version=api_version), api_pb2.VersionResponse
@@ -120,7 +112,7 @@ class CriClient:
     ) -> List[api_pb2.PodSandbox]:
         """``ListPodSandbox``: all sandboxes (ready and not ready) unless filtered.
 
-        Raises grpc.RpcError.
+        Raises CallError.
         """
         request = api_pb2.ListPodSandboxRequest()
         if filter is not None:
@@ -135,7 +127,7 @@ class CriClient:
 
         The info dict is the JSON object containerd returns in ``info["info"]`` when
         ``verbose`` is set (e.g. ``pid``, ``config``, ``runtimeSpec``), or ``{}`` when it
-        is absent or not a JSON object. Raises grpc.RpcError (``NOT_FOUND`` for an
+        is absent or not a JSON object. Raises CallError (``NOT_FOUND`` for an
         unknown ID).
         """
         reply = self._call(
@@ -150,7 +142,7 @@ class CriClient:
     ) -> List[api_pb2.Container]:
         """``ListContainers``: all containers in every state unless filtered.
 
-        Raises grpc.RpcError.
+        Raises CallError.
         """
         request = api_pb2.ListContainersRequest()
         if filter is not None:
@@ -164,7 +156,7 @@ class CriClient:
         """``ContainerStatus``: the status and the parsed verbose info.
 
         The info dict is the JSON object in ``info["info"]`` (e.g. ``pid``,
-        ``sandboxID``, ``runtimeSpec``), or ``{}``. Raises grpc.RpcError (``NOT_FOUND``
+        ``sandboxID``, ``runtimeSpec``), or ``{}``. Raises CallError (``NOT_FOUND``
         for an unknown ID).
         """
         reply = self._call(
@@ -184,7 +176,7 @@ class CriClient:
 
         Note that containerd applies the whole ``LinuxContainerResources``: fields left
         at zero / empty are generally "unchanged", but pass the complete intended set
-        (e.g. from the container's current status) when in doubt. Raises grpc.RpcError
+        (e.g. from the container's current status) when in doubt. Raises CallError
         (``NOT_FOUND`` for an unknown ID, ``UNKNOWN`` / ``INTERNAL`` when the runtime
         cannot apply the values).
         """

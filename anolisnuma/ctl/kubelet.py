@@ -689,18 +689,14 @@ def probe_socket(path: str, timeout: float = 3.0) -> Tuple[bool, str]:
         return False, f"no socket at {path} ({e.strerror})"
     if not stat.S_ISSOCK(st.st_mode):
         return False, f"{path} is not a socket"
-    import grpc
-
     from anolisnuma.cri.client import CriClient
+    from anolisnuma.cri.unary import CallError
 
     try:
         with CriClient(path, timeout_seconds=timeout) as client:
             reply = client.version()
-    except grpc.RpcError as e:
-        code = e.code().name if e.code() is not None else "UNKNOWN"
-        return False, f"Version failed: {code}: {e.details()}"
-    except Exception as e:  # pragma: no cover - grpc internals
-        return False, f"Version failed: {e}"
+    except CallError as e:
+        return False, f"Version failed: {e.code().name}: {e.details()}"
     return True, f"{reply.runtime_name} {reply.runtime_version} (CRI {reply.runtime_api_version})"
 
 

@@ -1,15 +1,18 @@
-"""CriClient against a tiny in-process gRPC server that speaks raw bytes."""
+"""CriClient (HTTP/2 by the h2 library) against a tiny in-process grpcio server that speaks
+raw bytes: an independent gRPC implementation on the other end."""
 
 import json
 import os
 import shutil
 import tempfile
+import threading
 from concurrent import futures
 
 import grpc
 import pytest
 
 from anolisnuma.cri.client import DEFAULT_MAX_MESSAGE_BYTES, CriClient
+from anolisnuma.cri.unary import CallError
 from cri_proto import api_pb2
 
 CID = "c" * 64
@@ -38,6 +41,8 @@ class Backend:
     def __init__(self):
         self.requests = []
         self.list_reply = b""
+        self.delay = 0.0
+        self.released = threading.Event()
 
     def handler(self):
         def unary(name, reply):
@@ -48,6 +53,8 @@ class Backend:
             return grpc.unary_unary_rpc_method_handler(fn)
 
         def version(request, context):
+            if self.delay:
+                self.released.wait(self.delay)
             return api_pb2.VersionResponse(
                 version="0.1.0", runtime_name="containerd", runtime_api_version="v1"
             ).SerializeToString()
@@ -140,9 +147,10 @@ def test_list_containers_larger_than_grpc_default(client, backend):
 def test_reply_over_the_limit_fails(backend):
     backend.list_reply = _big_list_reply(2 * 1024 * 1024).SerializeToString()
     with CriClient(backend.socket, max_message_bytes=1024 * 1024, timeout_seconds=5.0) as c:
-        with pytest.raises(grpc.RpcError) as err:
+        with pytest.raises(CallError) as err:
             c.list_containers()
-    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert err.value.code().name == "RESOURCE_EXHAUSTED"
+        assert c.version().runtime_name == "containerd"     # the connection is still usable
 
 
 def test_list_with_filter(client, backend):
@@ -170,9 +178,9 @@ def test_container_status_parses_info(client, backend):
 
 
 def test_container_status_not_found(client):
-    with pytest.raises(grpc.RpcError) as err:
+    with pytest.raises(CallError) as err:
         client.container_status("d" * 64)
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert err.value.code().name == "NOT_FOUND" and err.value.details() == "no such container"
 
 
 def test_pod_sandbox_status_bad_info_is_empty(client):
@@ -196,9 +204,9 @@ def test_unavailable_backend_fails_fast():
     tmp = tempfile.mkdtemp(prefix="anolisnuma-cri-", dir="/tmp")
     try:
         with CriClient(os.path.join(tmp, "absent.sock"), timeout_seconds=5.0) as c:
-            with pytest.raises(grpc.RpcError) as err:
+            with pytest.raises(CallError) as err:
                 c.version()
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert err.value.code().name == "UNAVAILABLE"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -217,3 +225,68 @@ def test_constructor_validation():
     assert c.endpoint == "/run/x.sock"
     c.close()
     c.close()
+
+
+def test_a_deadline_fails_the_call_and_the_next_call_works(client, backend):
+    slow = CriClient(backend.socket, timeout_seconds=0.2)
+    backend.delay = 10.0
+    try:
+        with pytest.raises(CallError) as err:
+            slow.version()
+        assert err.value.code().name == "DEADLINE_EXCEEDED"
+    finally:
+        backend.delay = 0.0
+        backend.released.set()
+    assert slow.version().runtime_name == "containerd"
+    slow.close()
+
+
+def test_one_client_shared_by_threads(client, backend):
+    backend.list_reply = _big_list_reply(200 * 1024).SerializeToString()
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                assert client.version().runtime_name == "containerd"
+                assert len(client.list_containers()) > 1
+        except Exception as e:   # reported below: an assertion in a thread is not seen by pytest
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+
+
+def test_the_client_follows_containerd_restarts():
+    """containerd down: calls fail UNAVAILABLE at once; back: the next call works; restarted
+    between two calls: the idle connection it closed is noticed, the call does not fail."""
+    tmp = tempfile.mkdtemp(prefix="anolisnuma-cri-", dir="/tmp")
+    sock = os.path.join(tmp, "containerd.sock")
+
+    def serve():
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((Backend().handler(),))
+        server.add_insecure_port("unix://" + sock)
+        server.start()
+        return server
+
+    server = serve()
+    try:
+        with CriClient(sock, timeout_seconds=5.0) as c:
+            assert c.version().runtime_name == "containerd"
+            server.stop(None).wait()
+            with pytest.raises(CallError) as err:
+                c.version()
+            assert err.value.code().name == "UNAVAILABLE"
+            server = serve()
+            assert c.version().runtime_name == "containerd"
+            server.stop(None).wait()
+            server = serve()                       # restarted while the client was idle
+            assert c.version().runtime_name == "containerd"
+    finally:
+        server.stop(None)
+        shutil.rmtree(tmp, ignore_errors=True)

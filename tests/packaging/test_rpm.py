@@ -34,7 +34,7 @@ NATIVE = platform.machine()
 FOREIGN = {"x86_64": "aarch64", "aarch64": "x86_64"}.get(NATIVE, "")
 LOCAL = "%d.%d" % sys.version_info[:2]
 # The runtime dependencies and a module each provides (pyproject.toml's [project] dependencies).
-RUNTIME_MODULES = ["grpc", "google.protobuf", "hpack", "structlog", "psutil", "pyroute2", "yaml",
+RUNTIME_MODULES = ["h2", "google.protobuf", "hpack", "structlog", "psutil", "pyroute2", "yaml",
                    "prometheus_client"]
 
 pytestmark = [
@@ -178,9 +178,10 @@ def test_contents(native_rpm):
     for v in {"3.9", LOCAL}:
         xy = v.replace(".", "")
         assert f"{LIB}/python{v}/google/protobuf/__init__.py" in files
-        assert f"{LIB}/python{v}/grpc/__init__.py" in files
-        assert any(re.match(rf"{LIB}/python{v}/grpc/_cython/cygrpc\.cpython-{xy}-{NATIVE}-linux-gnu\.so$", f)
-                   for f in files), f"no cygrpc for cp{xy}"
+        assert f"{LIB}/python{v}/h2/__init__.py" in files and f"{LIB}/python{v}/hyperframe/__init__.py" in files
+        assert any(re.match(rf"{LIB}/python{v}/yaml/_yaml\.cpython-{xy}-{NATIVE}-linux-gnu\.so$", f)
+                   for f in files), f"no _yaml for cp{xy}"
+        assert not [f for f in files if f.startswith(f"{LIB}/python{v}/grpc/")]   # not used on a node
         if v == "3.9":
             assert f"{LIB}/python{v}/tomli/__init__.py" in files  # tomli; python_version < '3.11'
     # No test helpers, no tests, no build tools, nothing of the build machine.
@@ -224,7 +225,8 @@ def test_requires_only_what_the_distributions_have(native_rpm):
     others = {r for r in requires if r not in python and not r.startswith("rpmlib(")}
     assert others <= {"/bin/sh", "systemd", "glibc >= 2.17"}, others
     provides = query(native_rpm, "--provides")
-    assert "bundled(python3dist(grpcio))" in provides and "bundled(python3dist(protobuf))" in provides
+    assert "bundled(python3dist(h2))" in provides and "bundled(python3dist(protobuf))" in provides
+    assert "grpcio" not in provides
 
 
 def test_scriptlets_are_systemd_housekeeping_without_network(native_rpm):
@@ -576,4 +578,4 @@ def test_foreign_arch_rpm(foreign_rpm, native_rpm, workdir):
             if head[:4] == b"\x7fELF":
                 objects += 1
                 assert struct.unpack("<H", head[18:20])[0] == ARCHES[FOREIGN], p
-    assert objects >= 4   # cygrpc and _yaml per Python version, psutil, protobuf's upb
+    assert objects >= 3   # _yaml per Python version, psutil, protobuf's upb
