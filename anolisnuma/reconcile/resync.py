@@ -32,7 +32,7 @@ def resync_store(client: Any, store: Store, fresh: Container[str] = frozenset(),
     and what changed. The store keeps every one containerd has, in any state, because the
     kubelet's later calls (RemovePodSandbox of a stopped pod) are resolved from it. IDs in
     ``fresh`` are neither dropped nor read back. ``quiet``: a pass that changed nothing is
-    logged at debug. Raises grpc.RpcError when containerd is down."""
+    logged at debug. Raises CallError (UNAVAILABLE) when containerd is down."""
     known_pods = {p.sandbox_id for p in store.pods()}
     known_containers = {c.container_id for c in store.containers()}
     sandboxes = client.list_pod_sandboxes()
