@@ -29,8 +29,8 @@ class Controller:
 
     name = "controller"
     interval = 0.0
-    # The daemon makes a first pass before the loop starts (and before it says it is ready
-    # with the start-up resync), so that e.g. placements adopted at start are applied first.
+    # The daemon makes a first pass before the loop starts (and before it reports the
+    # start-up resync done), so that e.g. placements adopted at start are applied first.
     run_at_start = False
 
     def __init__(self) -> None:
@@ -92,6 +92,11 @@ class Controller:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout)
+            if thread.is_alive():
+                # a pass still runs (a call to containerd waiting for its deadline): what it
+                # uses is not closed under it; the process is ending anyway
+                log.warning("background loop did not stop in time", controller=self.name, timeout_seconds=timeout)
+                return
         if not self._stopped:
             self._stopped = True
             try:

@@ -101,6 +101,7 @@ class Daemon:
         self._stop: Optional[asyncio.Event] = None
         self._resync_task: Optional[asyncio.Task] = None
         self.controllers = Controllers()   # every background loop, started and stopped here
+        self.runtime_resync: Optional[RuntimeResync] = None
         self.resynced = False
         self.ready = False
         self.exit_code = 0
@@ -179,10 +180,14 @@ class Daemon:
         cfg.server.buffer_bytes_total = new.server.buffer_bytes_total
         self.relay.set_budgets(new.server.buffer_bytes_per_connection, new.server.buffer_bytes_total)
         cfg.runtime.connect_timeout_seconds = self.relay.connect_timeout = new.runtime.connect_timeout_seconds
-        resync = self.controllers.get(RuntimeResync.name)
-        if "runtime.resync_interval_seconds" in plan.live and resync is not None:
-            cfg.runtime.resync_interval_seconds = resync.interval = new.runtime.resync_interval_seconds
-            resync.wake()   # the loop is waiting with the old interval
+        if "runtime.resync_interval_seconds" in plan.live:
+            interval = cfg.runtime.resync_interval_seconds = new.runtime.resync_interval_seconds
+            resync = self.runtime_resync
+            if resync is not None:   # (still starting: it takes the new interval when it starts)
+                resync.interval = interval
+                if self.resynced:
+                    self.interceptor.recent.set_enabled(interval > 0)
+                    resync.wake()   # the loop is waiting with the old interval
         log.info("configuration reloaded", config=cfg.source, applied=plan.live or None,
                  needs_restart=plan.restart or None)
         return plan
@@ -201,8 +206,9 @@ class Daemon:
         """The start-up resync (retried while containerd is down), then each hook's resync,
         start and background loops; then the periodic resync."""
         loop = asyncio.get_running_loop()
-        resync = RuntimeResync(lambda: self._connect(30.0), self.store, [], self.interceptor.recent,
-                               self.config.runtime.resync_interval_seconds)
+        resync = self.runtime_resync = RuntimeResync(
+            lambda: self._connect(30.0), self.store, [], self.interceptor.recent,
+            self.config.runtime.resync_interval_seconds, opted_out=self.interceptor.opted_out)
         while True:
             try:
                 pods, containers = await loop.run_in_executor(self.executor, resync.listing)
@@ -215,14 +221,19 @@ class Daemon:
             try:
                 await loop.run_in_executor(self.executor, hook.resync, pods, containers, self.interceptor.recent)
                 await loop.run_in_executor(self.executor, hook.start)
-                loops = await loop.run_in_executor(self.executor, hook.controllers, self._connect)
+                loops = await loop.run_in_executor(self.executor, hook.controllers, self._connect, self.store)
             except Exception as e:
                 log.error("hook could not start; it stays passive", hook=hook.name, error=repr(e))
                 continue
             resync.hooks.append(hook)
+            for controller in loops:   # all registered first: a cancelled start-up still stops them
+                self.controllers.add(controller)
             for controller in loops:
                 await self._start_controller(controller)
+        self.controllers.add(resync)
         await self._start_controller(resync)
+        # With no periodic resync, nothing would ever turn the windows of what calls named.
+        self.interceptor.recent.set_enabled(resync.interval > 0)
         self.resynced = True
 
     def _connect(self, timeout_seconds: Optional[float] = None) -> Any:
@@ -233,8 +244,7 @@ class Daemon:
         return CriClient(rt.endpoint, rt.max_message_bytes, timeout_seconds=timeout_seconds)
 
     async def _start_controller(self, controller: Controller) -> None:
-        """Register and start a background loop (after its first pass, when it wants one)."""
-        self.controllers.add(controller)
+        """Start a registered background loop (after its first pass, when it wants one)."""
         if controller.run_at_start:
             await asyncio.get_running_loop().run_in_executor(self.executor, controller.step)
         controller.start()

@@ -86,16 +86,16 @@ class NumaHook(Hook):
         log.info("NUMA placement enabled", topology=p.topology.describe(), shared_pool=str(p.shared_pool),
                  kubelet_policy=p.kubelet_state.policy, allocations=len(p.ledger), rules=p.rule_count)
 
-    def controllers(self, connect: Callable[[Optional[float]], Any]) -> List[Controller]:
-        """The watcher (kubelet checkpoint, rule files), the re-pinner and, when
-        ``[numa.affinity]`` is on, the traffic-affinity controller (whose moves the
-        re-pinner applies at once)."""
+    def controllers(self, connect: Callable[[Optional[float]], Any], store: Any = None) -> List[Controller]:
+        """The watcher (kubelet checkpoint, rule files), the re-pinner (which records what
+        it applied in ``store``) and, when ``[numa.affinity]`` is on, the traffic-affinity
+        controller (whose moves the re-pinner applies at once)."""
         if self.placement is None:
             return []
         from anolisnuma.reconcile.numa import CpusetRepinner
 
         loops: List[Controller] = [PlacementWatcher(self.placement, self.config.poll_interval_seconds)]
-        repinner = CpusetRepinner(self.placement, connect(None))
+        repinner = CpusetRepinner(self.placement, connect(None), applied=store.set_cpuset if store is not None else None)
         loops.append(repinner)
         if self.config.affinity.enabled:
             affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner)

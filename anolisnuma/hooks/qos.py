@@ -123,7 +123,7 @@ class QosHook(Hook):
     def start(self) -> None:
         self.prepare()
 
-    def controllers(self, connect: Any) -> List[Controller]:
+    def controllers(self, connect: Any, store: Any = None) -> List[Controller]:
         """The reconciler, when enabled with an interval."""
         return [self.reconciler] if self.cfg.enabled and self.reconciler.interval > 0 else []
 

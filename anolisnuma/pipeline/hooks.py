@@ -92,10 +92,11 @@ class Hook:
     def start(self) -> None:
         """Called once by the daemon after :meth:`resync`, before :meth:`controllers`."""
 
-    def controllers(self, connect: Callable[[Optional[float]], Any]) -> List["Controller"]:
+    def controllers(self, connect: Callable[[Optional[float]], Any], store: Any = None) -> List["Controller"]:
         """The background loops this hook needs (reconcilers, watchers); the daemon
         registers, starts and stops them. ``connect(timeout_seconds)`` opens a new client
-        to containerd (None: its default timeout) for a loop that calls it."""
+        to containerd (None: its default timeout) for a loop that calls it; ``store`` is
+        the daemon's pod/container store, for a loop that changes containers itself."""
         return []
 
     def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],

@@ -26,6 +26,7 @@ from anolisnuma.pipeline.context import container_from_create, describe, pod_fro
 from anolisnuma.pipeline.journal import JournalEntry, PodJournal
 from anolisnuma.pipeline.metrics import Counters, LatencyStats
 from anolisnuma.pipeline.recent import RecentCalls
+from anolisnuma.state.records import PodRecord
 from anolisnuma.state.store import Store
 
 log = structlog.get_logger("anolisnuma.pipeline")
@@ -375,9 +376,10 @@ class Interceptor:
         self.recent.note(*ids)
 
     def _opted_out(self, call: H.Call) -> bool:
-        pod = call.pod
-        if pod is None:
-            return False
+        return call.pod is not None and self.opted_out(call.pod)
+
+    def opted_out(self, pod: PodRecord) -> bool:
+        """Whether ``pod`` opted out of every hook (``[hooks] skip_keys``)."""
         for key in self._skip_keys:
             for source in (pod.annotations, pod.labels):
                 if source.get(key, "").strip().lower() in ("true", "1", "yes"):

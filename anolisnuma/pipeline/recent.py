@@ -22,16 +22,35 @@ class RecentCalls:
         self._lock = threading.Lock()
         self._current: Set[str] = set()
         self._previous: Set[str] = set()
+        self._before: Set[str] = set()
+        self._enabled = True
 
     def note(self, *ids: str) -> None:
         with self._lock:
-            self._current.update(i for i in ids if i)
+            if self._enabled:
+                self._current.update(i for i in ids if i)
 
     def new_window(self) -> None:
         """A listing begins: what was noted before it stays for this resync and the next."""
         with self._lock:
+            self._before = self._previous
             self._previous = self._current
             self._current = set()
+
+    def listing_failed(self) -> None:
+        """The listing begun by the last :meth:`new_window` did not happen: undo the turn,
+        so retries do not age what calls named before the first attempt."""
+        with self._lock:
+            self._current = self._previous | self._current
+            self._previous = self._before
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Off when no resync will come (``resync_interval_seconds = 0``): nothing would
+        ever turn the windows, so nothing is noted (and what was, is dropped)."""
+        with self._lock:
+            self._enabled = enabled
+            if not enabled:
+                self._current, self._previous, self._before = set(), set(), set()
 
     def __contains__(self, ident: object) -> bool:
         with self._lock:

@@ -614,6 +614,8 @@ class PlacementService:
                     if cid not in live_cids and cid not in fresh:
                         self.ledger.remove_container(cid)
                         self._pending_updates.pop(cid, None)
+                if alloc.pod_uid in self._moves:
+                    self._move_progress(alloc)   # a move waiting only for containers now gone ends
                 if first:
                     # creates in flight when the proxy stopped never got their reply to us
                     self.ledger.clear_pending(alloc.pod_uid)
@@ -697,7 +699,9 @@ class PlacementService:
         mems_off = bool(alloc.mems) and not (have_mems and have_mems.issubset(alloc.mems))
         if want and (have != want or mems_off):
             self._pending_updates[c.container_id] = (want, alloc.mems)
-        else:
+        elif alloc.pod_uid not in self._moves:
+            # (a move's re-pins are only done when the re-pinner says so: a record that
+            # already shows the target may predate an earlier move away from it)
             self._pending_updates.pop(c.container_id, None)
 
 

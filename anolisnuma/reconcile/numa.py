@@ -13,7 +13,7 @@ at once): passes are serialized.
 from __future__ import annotations
 
 import threading
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
 import structlog
 
@@ -23,16 +23,19 @@ log = structlog.get_logger("anolisnuma.numa")
 
 
 class CpusetRepinner(Controller):
-    """``CpusetRepinner(placement, client)``: ``placement`` is the
-    :class:`~anolisnuma.placement.service.PlacementService`, ``client`` a CriClient."""
+    """``CpusetRepinner(placement, client, applied=None)``: ``placement`` is the
+    :class:`~anolisnuma.placement.service.PlacementService`, ``client`` a CriClient,
+    ``applied(container_id, cpus, mems)`` told of each cpuset containerd took."""
 
     name = "numa-repin"
-    run_at_start = True   # placements adopted at start-up are applied before READY
+    run_at_start = True   # placements adopted at start-up are applied before the resync is done
 
-    def __init__(self, placement: Any, client: Any, interval_seconds: float = 5.0) -> None:
+    def __init__(self, placement: Any, client: Any, interval_seconds: float = 5.0,
+                 applied: Optional[Callable[[str, str, str], None]] = None) -> None:
         super().__init__()
         self.placement = placement
         self.client = client
+        self.applied = applied
         self.interval = interval_seconds
         self._pass = threading.Lock()
         self.applied_total = 0   # placements applied and refused, summed (metrics)
@@ -65,6 +68,8 @@ class CpusetRepinner(Controller):
                     # moved, and those already moved are to be moved back
                     todo = [u for u in self.placement.pending_updates() if u[0] not in failed_now]
                 continue
+            if self.applied is not None:
+                self.applied(container_id, cpus, mems)
             self.placement.mark_applied(container_id, cpus, mems)
             applied += 1
             log.info("NUMA placement applied to a running container", container_id=container_id,

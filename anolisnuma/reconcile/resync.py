@@ -13,7 +13,7 @@ by all of them: those calls are newer than the listing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Container, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Container, Dict, List, Optional, Sequence, Tuple
 
 import structlog
 
@@ -70,17 +70,19 @@ def resync_store(client: Any, store: Store, fresh: Container[str] = frozenset(),
 
 
 class RuntimeResync(Controller):
-    """``RuntimeResync(connect, store, hooks, recent, interval_seconds)``: ``connect()``
-    opens a client to containerd (one per pass, closed after it: no channel is held for the
-    minute between passes); ``recent`` is the pipeline's
-    :class:`~anolisnuma.pipeline.recent.RecentCalls`."""
+    """``RuntimeResync(connect, store, hooks, recent, interval_seconds, opted_out=None)``:
+    ``connect()`` opens a client to containerd (one per pass, closed after it: no channel is
+    held for the minute between passes); ``recent`` is the pipeline's
+    :class:`~anolisnuma.pipeline.recent.RecentCalls`; ``opted_out(pod)`` tells the pods no
+    hook may touch (``[hooks] skip_keys``): the hooks never see them."""
 
     name = "runtime-resync"
 
     def __init__(self, connect: Callable[[], Any], store: Store, hooks: Sequence[Any], recent: Any,
-                 interval_seconds: float) -> None:
+                 interval_seconds: float, opted_out: Optional[Callable[[PodRecord], bool]] = None) -> None:
         super().__init__()
         self.connect = connect
+        self.opted_out = opted_out or (lambda pod: False)
         self.store = store
         self.hooks = list(hooks)
         self.recent = recent
@@ -92,12 +94,20 @@ class RuntimeResync(Controller):
     def listing(self) -> Tuple[List[PodRecord], List[ContainerRecord]]:
         """The store's pass alone (the daemon's start-up runs the hooks itself)."""
         self.recent.new_window()
-        client = self.connect()
         try:
-            pods, containers, changes = resync_store(client, self.store, self.recent, quiet=self._listed)
-        finally:
-            client.close()
+            client = self.connect()
+            try:
+                pods, containers, changes = resync_store(client, self.store, self.recent, quiet=self._listed)
+            finally:
+                client.close()
+        except BaseException:
+            self.recent.listing_failed()
+            raise
         self._listed = True
+        skipped = {p.sandbox_id for p in pods if self.opted_out(p)}
+        if skipped:
+            pods = [p for p in pods if p.sandbox_id not in skipped]
+            containers = [c for c in containers if c.sandbox_id not in skipped]
         for k, v in changes.items():
             self.changes[k] = self.changes.get(k, 0) + v
         return pods, containers

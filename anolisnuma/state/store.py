@@ -9,6 +9,7 @@ and a ``kill -9`` loses at most the last change, which the resync with container
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -70,6 +71,17 @@ class Store:
             self._containers[container.container_id] = container
             self._container_json[container.container_id] = text
         self._changed()
+
+    def set_cpuset(self, container_id: str, cpus: str, mems: str) -> None:
+        """A cpuset the daemon itself applied to a known container (its re-pins): the
+        record must say what containerd has, or a later resync would see drift that is
+        not there (and miss drift that is)."""
+        with self._lock:
+            old = self._containers.get(container_id)
+        if old is None:
+            return
+        res = dataclasses.replace(old.resources, cpuset_cpus=cpus, cpuset_mems=mems or old.resources.cpuset_mems)
+        self.put_container(dataclasses.replace(old, resources=res))
 
     def remove_container(self, container_id: str) -> Optional[ContainerRecord]:
         with self._lock:

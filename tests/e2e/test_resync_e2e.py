@@ -41,3 +41,7 @@ def test_the_periodic_resync_catches_up_with_what_happened_behind_the_proxys_bac
         assert real_cpus(direct, c_late) == NODE_CPU[placed.nodes[0]]
         assert hook.placement.pending_updates() == []
         assert hook.placement.ledger.loads() == hook.placement.ledger.recomputed_loads()
+        # the store records what the re-pinner applied: the next resync sees no drift
+        assert proxy.daemon.store.container(c_late).resources.cpuset_cpus == NODE_CPU[placed.nodes[0]]
+        assert resync.step() is not None
+        assert hook.placement.pending_updates() == [] and repin.step() == 0

@@ -2,6 +2,7 @@
 ``AffinityController`` moving one of two talking pods next to the other. Fake sysfs, fake
 kubelet and containerd (tests/hooks/test_numa_hook.py's FakeNode), fake cgroup v1 tree."""
 
+import dataclasses
 import os
 from typing import Dict, Mapping, Optional, Set
 
@@ -15,6 +16,8 @@ from anolisnuma.reconcile.numa import CpusetRepinner
 from anolisnuma.system.traffic import PodProcess, TrafficObserver, TrafficSample, TrafficSource, pod_pair
 from anolisnuma.testing import fake_sysfs as F
 from test_numa_hook import FakeNode
+
+from cri_proto import api_pb2 as pb
 
 
 class FakeContainerd:
@@ -103,6 +106,40 @@ def test_move_is_applied_to_every_container_with_memory_following(seed):
     assert [seed.mems_of(c) for c in cb] == ["0", "0"]
     assert seed.hook.placement.pending_updates() == [] and seed.hook.placement.moves_in_flight() == []
     assert seed.hook.placement.ledger.get(b.uid).source == "affinity"
+
+
+def test_a_resync_never_drops_the_re_pins_of_a_move_not_yet_applied(seed):
+    """A record that already shows a move's target (the store's, older than an earlier
+    move away from it) is no proof the move was applied: only the re-pinner's word is."""
+    a, ca, b, cb = two_pods(seed)
+    seed.hook.resync(list(seed.pods.values()), list(seed.containers.values()))   # start-up
+    assert seed.hook.placement.move(b.uid, [0], "test")
+    stale = [dataclasses.replace(c, resources=dataclasses.replace(c.resources, cpuset_cpus="0-3", cpuset_mems="0"))
+             if c.container_id in cb else c for c in seed.containers.values()]
+    seed.hook.resync(list(seed.pods.values()), stale)
+    assert seed.hook.placement.pending_updates() == [(cb[0], "0-3", "0")]
+    assert seed.hook.placement.moves_in_flight() == [b.uid]
+    applied = []
+    repinner = CpusetRepinner(seed.hook.placement, FakeContainerd(seed), applied=lambda *a: applied.append(a))
+    assert repinner.run_once() == 1
+    assert applied == [(cb[0], "0-3", "0")]          # what the daemon records in its store
+    assert seed.hook.placement.moves_in_flight() == [] and seed.hook.placement.pending_updates() == []
+    # the records now say what containerd has: a later resync finds nothing to re-pin
+    seed.hook.resync(list(seed.pods.values()), list(seed.containers.values()))
+    assert seed.hook.placement.pending_updates() == []
+
+
+def test_a_move_waiting_only_for_a_container_that_is_gone_ends_at_the_resync(seed):
+    a, ca, b, cb = two_pods(seed, containers=("app", "sidecar"))
+    seed.hook.resync(list(seed.pods.values()), list(seed.containers.values()))
+    assert seed.hook.placement.move(b.uid, [0], "test")
+    FakeContainerd(seed).update_container_resources(cb[0], pb.LinuxContainerResources(cpuset_cpus="0-3",
+                                                                                      cpuset_mems="0"))
+    seed.hook.placement.mark_applied(cb[0], "0-3", "0")
+    gone = [c for c in seed.containers.values() if c.container_id != cb[1]]   # the sidecar exited
+    seed.hook.resync(list(seed.pods.values()), gone)
+    assert seed.hook.placement.moves_in_flight() == [] and seed.hook.placement.pending_updates() == []
+    assert seed.hook.placement.move(b.uid, [1], "back")                       # it may move again
 
 
 def test_move_never_exceeds_capacity(seed):

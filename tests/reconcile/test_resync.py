@@ -128,3 +128,44 @@ def test_recent_calls_are_left_alone_for_the_next_two_listings_only():
     assert "a" not in recent and "c" in recent
     recent.new_window()
     assert "c" not in recent and len(recent) == 0
+
+
+def test_pods_that_opted_out_are_never_handed_to_the_hooks_but_stay_in_the_store():
+    ctd, store, recent = Listing(), Store(), RecentCalls()
+    ctd.pod(1)
+    ctd.pod(2)
+    ctd.container(10, pod=1)
+    ctd.container(20, pod=2)
+    hook = Hook("numa")
+    loop = RuntimeResync(lambda: ctd, store, [hook], recent, 60, opted_out=lambda pod: pod.sandbox_id == sid(2))
+    loop.step()
+    assert hook.seen[0][:2] == ([sid(1)], [cid(10)])
+    assert {p.sandbox_id for p in store.pods()} == {sid(1), sid(2)}
+
+
+def test_a_failed_listing_does_not_age_what_calls_named():
+    class Down(Listing):
+        def list_pod_sandboxes(self):
+            raise OSError("containerd is down")
+
+    store, recent = Store(), RecentCalls()
+    recent.note("created-before-the-first-attempt")
+    loop = RuntimeResync(Down, store, [], recent, 60)
+    for _ in range(3):                       # the daemon retries the start-up listing
+        assert loop.step() is None and loop.errors
+    recent.note("during-the-retries")
+    ctd = Listing()
+    loop.connect = lambda: ctd
+    loop.step()                              # the first listing that happens
+    assert "created-before-the-first-attempt" in recent and "during-the-retries" in recent
+
+
+def test_with_no_periodic_resync_nothing_is_noted():
+    recent = RecentCalls()
+    recent.note("a")
+    recent.set_enabled(False)
+    recent.note("b")
+    assert len(recent) == 0 and "a" not in recent
+    recent.set_enabled(True)
+    recent.note("c")
+    assert "c" in recent

@@ -72,3 +72,18 @@ def test_flush_writes_everything_changed_so_far(tmp_path):
     data = json.loads((tmp_path / STORE_FILE).read_text())
     assert len(data["pods"]) == 50 and data["version"] == 1
     s.close()
+
+
+def test_a_cpuset_the_daemon_applied_is_recorded():
+    from anolisnuma.state.records import ContainerRecord, ContainerResources
+
+    store = Store()
+    store.put_container(ContainerRecord("c1", "s1", "app", resources=ContainerResources(
+        cpu_shares=512, cpuset_cpus="0-15", cpuset_mems="0-3")))
+    store.set_cpuset("c1", "4-7", "1")
+    store.set_cpuset("unknown", "0", "0")                 # nothing to record
+    r = store.container("c1").resources
+    assert (r.cpuset_cpus, r.cpuset_mems, r.cpu_shares) == ("4-7", "1", 512)
+    store.set_cpuset("c1", "0-3", "")                      # memory not pinned: the record keeps its mems
+    assert store.container("c1").resources.cpuset_mems == "1"
+    assert store.container("unknown") is None
