@@ -95,6 +95,10 @@ class QosHook(Hook):
         self.support: KnobSupport = KnobSupport({}, {})
         self.plans: Dict[QosLevel, LevelPlan] = {}
         self._prepare_lock = threading.Lock()
+        # A resync's "did a call name this pod?" and its admission of the pod happen under
+        # this lock, and so does a call forgetting a pod: a Stop/Remove never lands between
+        # the two (the pipeline names the call's IDs before any hook runs).
+        self._admission = threading.Lock()
         self._prepared = False
         if config.enabled:
             self.support = probe_support(self.cgroups, self.sysctls, self.resctrl_fs,
@@ -276,10 +280,13 @@ class QosHook(Hook):
             self._post_start(call)
         elif m == REMOVE_CONTAINER:
             cid = call.request.container_id
-            if self.state.forget_container(cid):
+            with self._admission:
+                forgotten = self.state.forget_container(cid)
+            if forgotten:
                 self.log.debug("container forgotten", container=preview(cid))
         elif m in (STOP_POD_SANDBOX, REMOVE_POD_SANDBOX):
-            pod = self.state.forget_sandbox(call.request.pod_sandbox_id)
+            with self._admission:
+                pod = self.state.forget_sandbox(call.request.pod_sandbox_id)
             if pod is not None:
                 self.log.info("pod forgotten", pod=pod.ref, method=m)
             if m == REMOVE_POD_SANDBOX and call.pod is not None:
@@ -398,22 +405,24 @@ class QosHook(Hook):
                 if sid not in live_sandboxes and sid not in fresh:
                     self.state.forget_sandbox(sid)
         for rec in pods:
-            if rec.sandbox_id in fresh or rec.uid in fresh:
-                continue
-            pod = self.state.by_sandbox(rec.sandbox_id) or self._admit_record(rec)
-            if pod is None:
-                continue
-            self.state.bind_sandbox(pod.uid, rec.sandbox_id)
+            with self._admission:
+                if rec.sandbox_id in fresh or rec.uid in fresh:
+                    continue
+                pod = self.state.by_sandbox(rec.sandbox_id) or self._admit_record(rec)
+                if pod is None:
+                    continue
+                self.state.bind_sandbox(pod.uid, rec.sandbox_id)
             self._log_errors(pod.ref, self.applier.apply_pod(pod, compare=True))
         for crec in containers:
-            pod = self.state.by_sandbox(crec.sandbox_id)
-            if pod is None or crec.container_id in fresh or pod.uid in fresh:
-                continue
-            _, ctr = self.state.by_container(crec.container_id)
-            if ctr is None:
-                ctr = self._add_container(pod, crec.container_id)
-            if ctr is None:
-                continue
+            with self._admission:
+                pod = self.state.by_sandbox(crec.sandbox_id)
+                if pod is None or crec.container_id in fresh or pod.uid in fresh:
+                    continue
+                _, ctr = self.state.by_container(crec.container_id)
+                if ctr is None:
+                    ctr = self._add_container(pod, crec.container_id)
+                if ctr is None:
+                    continue
             self._log_errors(pod.ref, self.applier.apply_container(pod, ctr, compare=True))
             self.applier.sweep_tasks(pod, ctr)
         self.log.info("qos resync done", pods=len(self.state))

@@ -124,6 +124,33 @@ def test_a_later_resync_forgets_what_vanished_and_adopts_what_appeared_but_not_w
     assert hook.state.by_container(new[1].container_id)[1] is not None
 
 
+def test_a_stop_landing_while_a_resync_admits_the_pod_wins(node):
+    """The resync checked that no call named the pod, then admits it; a StopPodSandbox whose
+    hook runs in between must not be undone by that admission."""
+    import threading
+
+    from anolisnuma.pipeline import hooks as H
+    from cri_proto import api_pb2 as pb
+
+    hook = QosHook(QosConfig(), node.paths)
+    pod, ctr, _, _ = adopt(node, hook)
+    stop = H.Call(H.STOP_POD_SANDBOX, pb.StopPodSandboxRequest(pod_sandbox_id=pod.sandbox_id), pod=pod,
+                  reply=pb.StopPodSandboxResponse())
+    stopper = threading.Thread(target=hook.post, args=(stop,))
+    admit = hook._admit_record
+
+    def admit_while_stopping(rec):
+        stopper.start()
+        stopper.join(0.2)            # the stop's hook waits for the admission to finish
+        return admit(rec)
+
+    hook._admit_record = admit_while_stopping
+    hook.resync([pod], [ctr])
+    stopper.join(5)
+    assert not stopper.is_alive()
+    assert hook.state.by_sandbox(pod.sandbox_id) is None
+
+
 def test_systemd_and_v2_pods(node):
     fk = FakeKernel.temporary(cgroup_version=2)
     try:
