@@ -115,3 +115,17 @@ def test_a_socket_mode_open_to_everyone_is_warned_about(sockdir):
             pass
         warnings = [line for line in read_log(cfg["log"]["file"]) if line.get("socket_mode") == "0o666"]
         assert warnings and warnings[0]["level"] == "warning"
+
+
+def test_the_daemon_runs_on_uvloop_and_on_asyncio_without_it(monkeypatch):
+    import asyncio
+    import sys
+
+    from anolisnuma import cli
+
+    async def which_loop():
+        return type(asyncio.get_running_loop()).__module__
+
+    assert cli._run(which_loop()).startswith("uvloop")
+    monkeypatch.setitem(sys.modules, "uvloop", None)      # a platform uvloop has no build for
+    assert cli._run(which_loop()).startswith("asyncio")
