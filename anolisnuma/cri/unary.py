@@ -20,6 +20,7 @@ import socket
 import threading
 import time
 from typing import List, Optional, Tuple
+from urllib.parse import unquote
 
 import h2.config
 import h2.connection
@@ -220,15 +221,9 @@ def _reply(headers: dict, body: bytes) -> bytes:
     except ValueError:
         code = StatusCode.UNKNOWN
     if code != StatusCode.OK:
-        raise CallError(code, _unpercent(headers.get("grpc-message", "")))
+        raise CallError(code, unquote(headers.get("grpc-message", "")))   # percent-encoded
     messages = grpcwire.split_messages(body)
     if messages is None or len(messages) != 1 or messages[0][0]:
         raise CallError(StatusCode.INTERNAL, "reply is not one uncompressed gRPC message")
     return messages[0][1]
 
-
-def _unpercent(text: str) -> str:
-    """grpc-message is percent-encoded."""
-    from urllib.parse import unquote
-
-    return unquote(text)

@@ -54,7 +54,6 @@ class Answer:
 
     cpus: Optional[CpuSet] = None
     mems: Optional[CpuSet] = None
-    nodes: Tuple[int, ...] = ()
     note: str = ""
 
 
@@ -224,7 +223,7 @@ class PlacementService:
             note += f" mems {mems}"
         if decided is not None:
             note += f" ({alloc.source}: {decided.reason})"
-        return Answer(cpus=cpus, mems=mems, nodes=tuple(alloc.nodes), note=note)
+        return Answer(cpus=cpus, mems=mems, note=note)
 
     def container_created(self, pod_uid: str, container_name: str, container_id: str,
                           sent_cpus: Optional[CpuSet]) -> None:
@@ -277,7 +276,7 @@ class PlacementService:
                 cpus = alloc.home & view
             mems = self._merge_mems(alloc.mems, kubelet_mems, logger)
             self._pending_updates.pop(container_id, None)
-        return Answer(cpus=cpus, mems=mems, nodes=tuple(alloc.nodes),
+        return Answer(cpus=cpus, mems=mems,
                       note=f"merged kubelet cpuset {kubelet_cpus or '(none)'} -> {cpus} ({where(alloc.nodes)})")
 
     def _claim_pending(self, pod: PodRecord, container: ContainerRecord) -> bool:

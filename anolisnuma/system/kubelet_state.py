@@ -1,4 +1,5 @@
-"""Read and watch the kubelet's CPU manager checkpoint (``cpu_manager_state``).
+"""Read the kubelet's CPU manager checkpoint (``cpu_manager_state``), again only when it
+changed (the placement watcher polls it).
 
 The file is JSON written by the kubelet (atomically, by rename)::
 
