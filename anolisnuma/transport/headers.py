@@ -56,6 +56,7 @@ class HeaderBlockDecoder:
         self._decoder.max_header_list_size = MAX_HEADER_LIST_BYTES
         self.allow_table_size(h2.DEFAULT_HEADER_TABLE_SIZE)
         self._cache: Dict[bytes, Headers] = {}
+        self._cache_table_size = self._decoder.header_table.maxsize   # what the cache was made under
 
     def allow_table_size(self, size: int) -> None:
         """The receiving peer advertised ``size`` (SETTINGS_HEADER_TABLE_SIZE): the encoder
@@ -73,21 +74,27 @@ class HeaderBlockDecoder:
 
         Both peers are asked to code without a dynamic table (SETTINGS_HEADER_TABLE_SIZE =
         0), so their blocks soon stand alone: a block decoded while the table is empty, that
-        left it empty and holds no table size update, decodes the same every time and is
-        remembered by its bytes. A repeated call's headers are then one dict look-up.
+        left it empty and holds no table size update, decodes the same every time the table
+        is empty and of the same size, and is remembered by its bytes for as long as it is.
+        (Not beyond: a field "with incremental indexing" is evicted at once from a table of
+        size 0 but stays in a larger one.) A repeated call's headers are then one look-up.
 
         Raises HeaderBlockError when the block is over a cap or cannot be decoded.
         """
         if len(block) > MAX_HEADER_BLOCK_BYTES:
             raise HeaderBlockError(h2.ENHANCE_YOUR_CALM,
                                    f"header block of {len(block)} bytes (limit {MAX_HEADER_BLOCK_BYTES})")
-        cacheable = bool(block) and block[0] & 0xE0 != 0x20 and self.stateless
+        table = self._decoder.header_table
+        cacheable = bool(block) and block[0] & 0xE0 != 0x20 and not table.dynamic_entries
         if cacheable:
+            if table.maxsize != self._cache_table_size:
+                self._cache.clear()
+                self._cache_table_size = table.maxsize
             known = self._cache.get(block)
             if known is not None:
                 return known
         headers = self._decode(block)
-        if cacheable and self.stateless:
+        if cacheable and not table.dynamic_entries and table.maxsize == self._cache_table_size:
             if len(self._cache) >= CACHE_ENTRIES:
                 self._cache.clear()
             self._cache[block] = headers

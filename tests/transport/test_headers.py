@@ -87,3 +87,24 @@ def test_blocks_that_use_the_dynamic_table_are_never_taken_from_the_cache():
         block = encoder.encode([("x-key", value)])
         assert decoder.decode(block) == [(b"x-key", value.encode())]
     assert not decoder.stateless
+
+
+def test_a_cached_block_is_not_reused_after_the_table_size_changed():
+    """A block with a literal "with incremental indexing" adds nothing while the table
+    size is 0, but adds its field once the encoder grew the table again: reused from
+    the cache then, the decoder would miss the entry the encoder has (and every later
+    reference to it)."""
+    encoder, decoder = hpack.Encoder(), HeaderBlockDecoder()
+    encoder.header_table_size = 0
+    assert decoder.decode(encoder.encode([("x-key", "a")])) == [(b"x-key", b"a")]   # carries the update
+    indexed = encoder.encode([("x-key", "b")])   # indexed, then evicted at once: stands alone
+    assert decoder.decode(indexed) == [(b"x-key", b"b")] and decoder.stateless
+    encoder.header_table_size = 4096
+    assert decoder.decode(encoder.encode([(":method", "POST")])) == [(b":method", b"POST")]
+    assert decoder.stateless   # the table may grow again, and is empty
+    assert encoder.encode([("x-key", "b")]) == indexed   # the same bytes: now they add an entry
+    assert decoder.decode(indexed) == [(b"x-key", b"b")]
+    assert not decoder.stateless
+    reference = encoder.encode([("x-key", "b")])   # the encoder now points at its entry
+    assert len(reference) == 1
+    assert decoder.decode(reference) == [(b"x-key", b"b")]
