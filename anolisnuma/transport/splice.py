@@ -81,7 +81,9 @@ WHOLE = 0    # read whole, then handed to the direction's frame handler
 STREAM = 1   # pass-through DATA: forwarded as its bytes arrive
 FOLD = 2     # forwarded unchanged in the run of bytes around it, once its ``fold`` handler
              # (which may decline) has done its bookkeeping; no frame of ours goes out meanwhile
+PASS = 3     # as FOLD for a frame with no bookkeeping to do (PING, SETTINGS ACK, ...)
 _HEADER = h2.FRAME_HEADER_STRUCT
+_PADDED_OR_PRIORITY = h2.FLAG_PADDED | h2.FLAG_PRIORITY
 _HLEN = h2.FRAME_HEADER_LEN
 
 
@@ -256,7 +258,8 @@ class Splice:
             if self.up_queue_bytes > QUEUE_PAUSE_BYTES:
                 self.pause_kubelet("queue")
             return
-        self._spend_up_window(flow, ours)
+        if flow:
+            self._spend_up_window(flow, ours)
         self.up_out.append(data)
         if charge:
             self.budget.give(charge)
@@ -371,7 +374,7 @@ class Splice:
         self._flush()
 
     def _k2c_classify(self, ftype: int, flags: int, sid: int, length: int) -> int:
-        """How a kubelet frame is relayed (WHOLE, STREAM or FOLD; see _pump)."""
+        """How a kubelet frame is relayed (WHOLE, STREAM, FOLD or PASS; see _pump)."""
         r = self.k2c
         if length > r.max_frame:
             raise ConnectionFault(h2.FRAME_SIZE_ERROR,
@@ -381,9 +384,12 @@ class Splice:
         if ftype != h2.DATA:
             # Frames that carry no ordering with DATA jump containerd's queue (_send_up
             # ordered=False): only with the queue empty is the run the same thing.
-            if (ftype == h2.HEADERS or ftype == h2.CONTINUATION or ftype == h2.WINDOW_UPDATE
-                    or ftype == h2.PING or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK)) and not self.up_queue:
+            if self.up_queue:
+                return WHOLE
+            if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
                 return FOLD
+            if ftype == h2.WINDOW_UPDATE or ftype == h2.PING or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK):
+                return PASS
             return WHOLE
         self.down_window -= length
         if self.down_window < 0:
@@ -394,12 +400,11 @@ class Splice:
         return STREAM
 
     def _k2c_fold(self, ftype: int, flags: int, sid: int, payload: memoryview) -> bool:
-        if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
-            r = self.k2c
-            headers = self._header_fragment(r, self.k2c_hpack, ftype, flags, sid, payload)
-            if headers is not None:
-                self._request_headers(r.header_sid, headers, r.header_end_stream)
-        return True  # WINDOW_UPDATE, PING, SETTINGS ACK: nothing to follow
+        r = self.k2c   # (HEADERS or CONTINUATION)
+        headers = self._header_fragment(r, self.k2c_hpack, ftype, flags, sid, payload)
+        if headers is not None:
+            self._request_headers(r.header_sid, headers, r.header_end_stream)
+        return True
 
     @staticmethod
     def _check_header_block(r: _Reader, ftype: int, sid: int) -> None:
@@ -640,8 +645,10 @@ class Splice:
         if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
             # a pass-through call's reply headers or trailers: read, never changed
             return FOLD if sid not in self.streams and sid not in self.silenced else WHOLE
-        if ftype == h2.WINDOW_UPDATE or ftype == h2.PING or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK):
+        if ftype == h2.WINDOW_UPDATE:
             return FOLD
+        if ftype == h2.PING or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK):
+            return PASS
         return WHOLE
 
     def _c2k_fold(self, ftype: int, flags: int, sid: int, payload: memoryview) -> bool:
@@ -660,13 +667,11 @@ class Splice:
                 return True
             st = self.streams.get(sid)
             return st is None or not st.sends_own_body
-        if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
-            r = self.c2k
-            if self._header_fragment(r, self.c2k_hpack, ftype, flags, sid, payload) is not None \
-                    and r.header_end_stream:
-                self._server_done(r.header_sid)
-            return True
-        return True  # PING, SETTINGS ACK
+        r = self.c2k   # (HEADERS or CONTINUATION)
+        if self._header_fragment(r, self.c2k_hpack, ftype, flags, sid, payload) is not None \
+                and r.header_end_stream:
+            self._server_done(r.header_sid)
+        return True
 
     def _c2k_frame(self, ftype: int, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
         if ftype == h2.WINDOW_UPDATE and len(payload) == 4:
@@ -796,7 +801,8 @@ class Splice:
             if ftype == h2.HEADERS and flags & h2.FLAG_END_HEADERS:  # the usual: a block in one frame
                 r.header_sid = sid
                 r.header_end_stream = bool(flags & h2.FLAG_END_STREAM)
-                block = bytes(h2.strip_padding(flags, payload, h2.HEADERS))
+                block = bytes(h2.strip_padding(flags, payload, h2.HEADERS) if flags & _PADDED_OR_PRIORITY
+                              else payload)
                 r.in_header_block = False
                 try:
                     return decoder.decode(block)
@@ -907,8 +913,9 @@ class Splice:
         ``classify(type, flags, stream, length)`` decides once per frame, when its header
         arrives, whether it is read whole (WHOLE), streamed as its bytes arrive (STREAM)
         or, once whole, folded into the run after ``fold(type, flags, stream, payload)``
-        did its bookkeeping (FOLD; ``fold`` may decline, then it is handled whole); it
-        raises ConnectionFault for a frame the connection cannot survive."""
+        did its bookkeeping (FOLD; ``fold`` may decline, then it is handled whole), or
+        folded with no bookkeeping at all (PASS); it raises ConnectionFault for a frame the
+        connection cannot survive."""
         if r.buf:
             r.buf += data
             data = bytes(r.buf)
@@ -958,16 +965,19 @@ class Splice:
                         if ends_call:
                             r.tail = sid
                     continue
-                if kind == FOLD and end <= n and not r.pending:
-                    r.folding = True
-                    try:
-                        folded = fold(ftype, flags, sid, view[pos + _HLEN:end])
-                    except ConnectionFault:
-                        if run >= 0:  # what came before the faulty frame still goes out
-                            send(view[run:pos])
-                        raise
-                    finally:
-                        r.folding = False
+                if kind >= FOLD and end <= n and not r.pending:
+                    if kind == PASS:
+                        folded = True
+                    else:
+                        r.folding = True
+                        try:
+                            folded = fold(ftype, flags, sid, view[pos + _HLEN:end])
+                        except ConnectionFault:
+                            if run >= 0:  # what came before the faulty frame still goes out
+                                send(view[run:pos])
+                            raise
+                        finally:
+                            r.folding = False
                     if folded:
                         if run < 0:
                             run = pos
@@ -1015,7 +1025,7 @@ class Splice:
         return bool(self.open_streams)
 
     def _wake_idle(self) -> None:
-        if not self.open_streams or self.closed:
+        if self.idle_waiters and (not self.open_streams or self.closed):
             waiters, self.idle_waiters = self.idle_waiters, []
             for w in waiters:
                 if not w.done():
