@@ -40,6 +40,24 @@ CACHE_ENTRIES = 512
 Headers = List[Tuple[bytes, bytes]]
 
 
+class HeaderList(list):
+    """A decoded block's (name, value) pairs, with its ``:path`` as text ("" if none).
+
+    The path is found when the block is decoded, not per call: a repeated call's block
+    comes from the cache, and the relay then learns its method without reading a field.
+    """
+
+    __slots__ = ("path",)
+
+    def __init__(self, fields: Headers) -> None:
+        super().__init__(fields)
+        self.path = ""
+        for name, value in fields:
+            if name == b":path":
+                self.path = value.decode("latin-1")
+                break
+
+
 class HeaderBlockError(Exception):
     """The block cannot be followed; the connection must end with ``code``."""
 
@@ -69,7 +87,7 @@ class HeaderBlockDecoder:
         """No entry in the dynamic table: every block so far stood alone."""
         return not self._decoder.header_table.dynamic_entries
 
-    def decode(self, block: bytes) -> Headers:
+    def decode(self, block: bytes) -> HeaderList:
         """The block's header fields as raw (name, value) pairs (shared: do not change them).
 
         Both peers are asked to code without a dynamic table (SETTINGS_HEADER_TABLE_SIZE =
@@ -93,7 +111,7 @@ class HeaderBlockDecoder:
             known = self._cache.get(block)
             if known is not None:
                 return known
-        headers = self._decode(block)
+        headers = HeaderList(self._decode(block))
         if cacheable and not table.dynamic_entries and table.maxsize == self._cache_table_size:
             if len(self._cache) >= CACHE_ENTRIES:
                 self._cache.clear()

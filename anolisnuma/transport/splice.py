@@ -48,7 +48,7 @@ from anolisnuma.cri import grpcwire
 from anolisnuma.pipeline.decision import Decision
 from anolisnuma.transport import h2
 from anolisnuma.transport.budget import MemoryBudget
-from anolisnuma.transport.headers import MAX_HEADER_BLOCK_BYTES, HeaderBlockDecoder, HeaderBlockError
+from anolisnuma.transport.headers import MAX_HEADER_BLOCK_BYTES, HeaderBlockDecoder, HeaderBlockError, HeaderList
 
 if TYPE_CHECKING:
     from anolisnuma.transport.relay import Relay
@@ -794,7 +794,7 @@ class Splice:
 
     # ---------------------------------------------------------------- header blocks
     def _header_fragment(self, r: _Reader, decoder: HeaderBlockDecoder, ftype: int, flags: int, sid: int,
-                         payload: bytes) -> Optional[list]:
+                         payload: bytes) -> Optional[HeaderList]:
         """Add a HEADERS or CONTINUATION payload to the block; the decoded headers once the
         block is complete, else None."""
         try:
@@ -831,7 +831,7 @@ class Splice:
         except HeaderBlockError as e:
             raise ConnectionFault(e.code, str(e)) from None
 
-    def _request_headers(self, sid: int, headers: list, end_stream: bool) -> None:
+    def _request_headers(self, sid: int, headers: HeaderList, end_stream: bool) -> None:
         if sid <= self.max_sid:
             return  # trailers of a client stream
         self.max_sid = sid
@@ -845,11 +845,7 @@ class Splice:
         self.open_streams.add(sid)
         if end_stream:
             return  # no request body will follow: nothing to intercept
-        path = ""
-        for name, value in headers:
-            if name == b":path":
-                path = value.decode("latin-1")
-                break
+        path = headers.path
         try:
             call = self.interceptor.begin(path)
         except Exception as e:
