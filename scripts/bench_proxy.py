@@ -1423,14 +1423,14 @@ class Bench:
 # a ratio worse by more than its tolerance (about the spread of the runs documented there)
 # is flagged; added microseconds and CPU per call are shown beside them.
 PREVIOUS = {
-    "label": "2026-11-30 18:58 UTC",
-    "latency": {"Version": (202, 106, 1.52, 108), "Status": (208, 109, 1.52, 109),   # dir p50, add p50,
-                "ListContainers": (253, 113, 1.45, 124), "ListPodSandbox": (249, 113, 1.46, 122)},  # x, cpu
-    "lists": {"ListContainers x1000": (0.66, 1.26), "ListPodSandbox x1000": (0.44, 1.28),   # dir p50 ms, x
-              "ListContainers x5000": (1.97, 1.27)},
-    "pod_ratio": 0.995,
-    "tput_pct": {"1ch": 93, "16ch": 59},
-    "rss_mb": 46.5,
+    "label": "2026-12-01 01:55 UTC",
+    "latency": {"Version": (205, 94, 1.46, 92), "Status": (219, 94, 1.43, 95),   # dir p50, add p50,
+                "ListContainers": (255, 96, 1.38, 103), "ListPodSandbox": (247, 97, 1.39, 104)},  # x, cpu
+    "lists": {"ListContainers x1000": (0.55, 1.21), "ListPodSandbox x1000": (0.54, 1.19),   # dir p50 ms, x
+              "ListContainers x5000": (2.12, 1.21)},
+    "pod_ratio": 1.001,
+    "tput_pct": {"1ch": 101, "16ch": 60},
+    "rss_mb": 35.6,
 }
 TOL_RATIO = 0.15      # latency and list ratios, absolute
 TOL_POD = 0.05        # pod start ratio, absolute
