@@ -33,6 +33,10 @@ log = structlog.get_logger("anolisnuma.pipeline")
 
 # Calls of one hook allowed to run on past their budget before the hook is skipped.
 MAX_OVERRUNNING = 2
+# The kubelet stops and removes what may already be gone; containerd before 1.7 answers that
+# with NOT_FOUND, which the kubelet takes as done. Logged as a warning it would be noise.
+_NOT_FOUND = grpcwire.STATUS_CODES["NOT_FOUND"]
+_IDEMPOTENT_TEARDOWN = frozenset((H.STOP_POD_SANDBOX, H.REMOVE_POD_SANDBOX, H.STOP_CONTAINER, H.REMOVE_CONTAINER))
 
 # log messages in the anolisbox style: "<what> request from kubelet" / "... reply from containerd"
 _WORDS = {
@@ -207,6 +211,9 @@ class Interceptor:
         if status == 0:
             logger.info(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
                         latency_ms=latency_ms, decisions=notes, **_reply_ids(call))
+        elif status == _NOT_FOUND and pc.method in _IDEMPOTENT_TEARDOWN:
+            logger.info(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
+                        error=message[:512], latency_ms=latency_ms, decisions=notes)
         else:
             logger.warning(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
                            error=message[:512], latency_ms=latency_ms, decisions=notes)

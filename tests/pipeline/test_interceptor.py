@@ -549,6 +549,42 @@ def test_request_and_reply_log_lines(start_proxy, fake, open_stub):
     assert not [l for l in proxy.log_lines() if "Version" in str(l.get("method", ""))]
 
 
+def test_not_found_on_stop_or_remove_is_logged_at_info(start_proxy, fake, open_stub):
+    """The kubelet stops and removes what may be gone already; containerd 1.6 answers NOT_FOUND,
+    which the kubelet takes as done: no warning for it. The same status on another call, or
+    another status on a teardown call, is still a warning."""
+    proxy = start_proxy([Recorder()])
+    stub = open_stub(proxy.address)
+    gone = "e" * 64
+    for name in ("StopPodSandbox", "RemovePodSandbox"):
+        fake.set_error(runtime_path(name), grpc.StatusCode.NOT_FOUND, "an error occurred when try to find sandbox")
+        with pytest.raises(grpc.RpcError):
+            getattr(stub, name)(getattr(pb, name + "Request")(pod_sandbox_id=gone), timeout=5)
+    for name in ("StopContainer", "RemoveContainer"):
+        fake.set_error(runtime_path(name), grpc.StatusCode.NOT_FOUND, "an error occurred when try to find container")
+        with pytest.raises(grpc.RpcError):
+            getattr(stub, name)(getattr(pb, name + "Request")(container_id=gone), timeout=5)
+    fake.set_error(runtime_path("StopContainer"), grpc.StatusCode.UNKNOWN, "failed to kill container")
+    with pytest.raises(grpc.RpcError):
+        stub.StopContainer(pb.StopContainerRequest(container_id=gone), timeout=5)
+    fake.set_error(RUN, grpc.StatusCode.NOT_FOUND, "sandbox image not found")
+    with pytest.raises(grpc.RpcError):
+        stub.RunPodSandbox(pb.RunPodSandboxRequest(config=sandbox_config(name="web-3", namespace="shop")), timeout=5)
+
+    def replies():
+        return [(l["message"], l["status"], l["level"]) for l in proxy.log_lines()
+                if str(l.get("message", "")).endswith("reply from containerd")]
+    wait_until(lambda: len(replies()) == 6)
+    assert replies() == [
+        ("stop pod sandbox reply from containerd", "NOT_FOUND", "info"),
+        ("remove pod sandbox reply from containerd", "NOT_FOUND", "info"),
+        ("stop container reply from containerd", "NOT_FOUND", "info"),
+        ("remove container reply from containerd", "NOT_FOUND", "info"),
+        ("stop container reply from containerd", "UNKNOWN", "warning"),
+        ("run pod sandbox reply from containerd", "NOT_FOUND", "warning"),
+    ]
+
+
 def test_error_status_in_trailers_split_over_continuation_frames(start_proxy, fake, open_stub):
     """Trailers larger than a frame come as HEADERS + CONTINUATION; the call ends, and its
     status is read, only once the whole block is in (regression: it was logged as OK)."""
