@@ -82,7 +82,7 @@ def busybox_applets(busybox: str = DEFAULT_BUSYBOX) -> List[str]:
     return sorted(n for n in names if "/" not in n and n not in (".", ".."))
 
 
-def _tar_add(tar: tarfile.TarFile, name: str, kind: bytes, mode: int,
+def tar_add(tar: tarfile.TarFile, name: str, kind: bytes, mode: int,
              data: Optional[bytes] = None, link: str = "") -> None:
     info = tarfile.TarInfo(name)
     info.type = kind
@@ -90,7 +90,7 @@ def _tar_add(tar: tarfile.TarFile, name: str, kind: bytes, mode: int,
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     info.mtime = 0
-    if kind == tarfile.SYMTYPE:
+    if link:  # a symbolic or a hard link's target
         info.linkname = link
     if data is not None:
         info.size = len(data)
@@ -116,7 +116,7 @@ def build_layer(busybox_bytes: bytes, applets: List[str]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name, kind, mode, data, link in entries:
-            _tar_add(tar, name, kind, mode, data, link)
+            tar_add(tar, name, kind, mode, data, link)
     return buf.getvalue()
 
 
@@ -151,9 +151,9 @@ def build_archive_bytes(busybox_bytes: bytes, applets: List[str]) -> bytes:
     files["manifest.json"] = json.dumps(manifest, separators=(",", ":")).encode()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        _tar_add(tar, layer_digest, tarfile.DIRTYPE, 0o755)
+        tar_add(tar, layer_digest, tarfile.DIRTYPE, 0o755)
         for name in sorted(files):
-            _tar_add(tar, name, tarfile.REGTYPE, 0o644, files[name])
+            tar_add(tar, name, tarfile.REGTYPE, 0o644, files[name])
     return buf.getvalue()
 
 

@@ -54,7 +54,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, List, Optional, Tuple
 
-from anolisnuma.testing.images import DEFAULT_BUSYBOX, PAUSE_SCRIPT, _go_arch, busybox_applets
+from anolisnuma.testing.images import DEFAULT_BUSYBOX, PAUSE_SCRIPT, _go_arch, busybox_applets, tar_add
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -94,16 +94,7 @@ def _tar(files: List[Tuple[str, int, Optional[bytes]]]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for name, mode, data in sorted(files, key=lambda f: f[0]):
-            info = tarfile.TarInfo(name)
-            info.mode = mode
-            info.mtime = 0
-            info.uid = info.gid = 0
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tar.addfile(info)
-            else:
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+            tar_add(tar, name, tarfile.DIRTYPE if data is None else tarfile.REGTYPE, mode, data)
     return buf.getvalue()
 
 
@@ -188,15 +179,8 @@ def busybox_layer(busybox: str = DEFAULT_BUSYBOX) -> bytes:
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         def add(name: str, mode: int, body: Optional[bytes] = None, kind: bytes = tarfile.REGTYPE,
                 link: str = "") -> None:
-            info = tarfile.TarInfo(name)
-            info.mode, info.mtime, info.uid, info.gid = mode, 0, 0, 0
-            info.type = tarfile.DIRTYPE if body is None and kind == tarfile.REGTYPE else kind
-            info.linkname = link
-            if body is not None:
-                info.size = len(body)
-                tar.addfile(info, io.BytesIO(body))
-            else:
-                tar.addfile(info)
+            tar_add(tar, name, tarfile.DIRTYPE if body is None and kind == tarfile.REGTYPE else kind, mode,
+                    body, link)
         for d, mode in (("bin", 0o755), ("dev", 0o755), ("etc", 0o755), ("home", 0o755), ("proc", 0o555),
                         ("root", 0o700), ("sys", 0o555), ("tmp", 0o1777), ("usr", 0o755), ("usr/bin", 0o755),
                         ("usr/sbin", 0o755), ("var", 0o755), ("var/run", 0o755), ("var/www", 0o755)):
