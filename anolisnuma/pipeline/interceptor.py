@@ -211,12 +211,10 @@ class Interceptor:
         if status == 0:
             logger.info(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
                         latency_ms=latency_ms, decisions=notes, **_reply_ids(call))
-        elif status == _NOT_FOUND and pc.method in _IDEMPOTENT_TEARDOWN:
-            logger.info(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
-                        error=message[:512], latency_ms=latency_ms, decisions=notes)
         else:
-            logger.warning(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
-                           error=message[:512], latency_ms=latency_ms, decisions=notes)
+            emit = logger.info if status == _NOT_FOUND and pc.method in _IDEMPOTENT_TEARDOWN else logger.warning
+            emit(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
+                 error=message[:512], latency_ms=latency_ms, decisions=notes)
         if call is not None:
             self._journal(pc, call, status_name, latency_ms, source)
         if call is None or reply is None or pc.skip_hooks:
