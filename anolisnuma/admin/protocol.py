@@ -32,6 +32,8 @@ def decode_request(line: bytes) -> Tuple[str, Dict[str, Any]]:
         body = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise ProtocolError("the request is not a JSON object on one line") from None
+    except RecursionError:   # json's C parser recurses once per level of nesting
+        raise ProtocolError("the request is nested too deeply") from None
     if not isinstance(body, dict) or not isinstance(body.get("command"), str):
         raise ProtocolError('the request must be a JSON object with a "command" string')
     args = body.get("args", {})
@@ -52,7 +54,7 @@ def decode_reply(data: bytes) -> Tuple[bool, Any]:
     """``(True, result)`` or ``(False, error message)``; ProtocolError for anything else."""
     try:
         body = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise ProtocolError("the daemon's reply is not JSON") from None
     if not isinstance(body, dict) or not isinstance(body.get("ok"), bool):
         raise ProtocolError("the daemon's reply has no \"ok\" field")

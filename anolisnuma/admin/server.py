@@ -82,7 +82,11 @@ class AdminServer:
         if task is not None:
             self._clients.add(task)
         try:
-            reply = await self._answer(reader, writer, busy)
+            try:
+                reply = await self._answer(reader, writer, busy)
+            except Exception as e:   # every request gets a reply, whatever it held
+                log.error("admin request failed", error=repr(e)[:300])
+                reply = protocol.encode_error(f"internal error: {type(e).__name__}")
             writer.write(reply)
             await asyncio.wait_for(writer.drain(), self.write_timeout)
         except (asyncio.TimeoutError, ConnectionError):

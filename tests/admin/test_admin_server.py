@@ -55,9 +55,12 @@ async def echo(command: str, args: Dict[str, Any]) -> Any:
     raise CommandError(f"unknown command {command!r}")
 
 
-def serve(path: str, client: Callable[[], Any], **kw: Any) -> Any:
-    """Run an AdminServer on a fresh loop while ``client()`` runs in a thread; its result."""
+def serve(path: str, client: Callable[[], Any], unhandled: Any = None, **kw: Any) -> Any:
+    """Run an AdminServer on a fresh loop while ``client()`` runs in a thread; its result.
+    ``unhandled``: a list that gets what reached the loop's exception handler."""
     async def main() -> Any:
+        if unhandled is not None:
+            asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
         server = AdminServer(path, echo, **kw)
         await server.start()
         try:
@@ -123,6 +126,24 @@ def test_errors_are_one_json_line_and_the_server_goes_on(sockdir):
     assert "internal error" in replies[5]["error"] and "a bug" in replies[5]["error"]
     assert f"larger than {protocol.MAX_REQUEST_BYTES} bytes" in replies[7]["error"]
     assert replies[8]["result"] == {"args": {"still": "here"}}
+
+
+def test_deeply_nested_json_gets_an_error_reply_not_a_traceback(sockdir):
+    path = os.path.join(sockdir, "admin.sock")
+    depth = protocol.MAX_REQUEST_BYTES // 2 - 100   # deep enough for json's recursion limit, under the cap
+    nested = [b"[" * depth + b"]" * depth,
+              b'{"command": "echo", "args": {"a": ' + b"[" * depth + b"]" * depth + b"}}",
+              b'{"a":' * (depth // 5) + b"1" + b"}" * (depth // 5)]
+
+    def client() -> List[Dict[str, Any]]:
+        return [raw_request(path, n + b"\n") for n in nested] + \
+            [raw_request(path, protocol.encode_request("echo", {"still": "here"}))]
+
+    unhandled: List[Any] = []
+    replies = serve(path, client, unhandled=unhandled)
+    assert [r["ok"] for r in replies] == [False, False, False, True]
+    assert all("nested too deeply" in r["error"] for r in replies[:3])
+    assert unhandled == []
 
 
 def test_a_stalled_client_is_dropped_and_does_not_hold_the_others(sockdir):
