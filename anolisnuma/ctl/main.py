@@ -25,6 +25,7 @@ from anolisnuma.config import UNIX_PREFIX, AdminConfig
 from anolisnuma.configfile import ConfigError, load_toml
 from anolisnuma.ctl import render
 from anolisnuma.ctl.client import CtlError, ask
+from anolisnuma.ctl.table import printable
 
 PROG = "anolisnuma-ctl"
 DEFAULT_CONFIG = "/etc/anolisnuma/config.toml"
@@ -105,7 +106,8 @@ def run_admin_command(args: argparse.Namespace, out: Optional[TextIO] = None) ->
     if args.output == "json":
         print(json.dumps(result, indent=2, sort_keys=True), file=out)
     else:
-        print(render.RENDERERS[args.command](result), file=out)
+        # The cells are escaped already; this also covers text a renderer wrote around them.
+        print(printable(render.RENDERERS[args.command](result), keep="\n"), file=out)
     return EXIT_OK
 
 
@@ -114,8 +116,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args))
-    except CtlError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+    except CtlError as e:   # may quote the daemon's words, and they may quote a pod's
+        print(printable(f"{PROG}: {e}"), file=sys.stderr)
         return EXIT_FAIL
     except BrokenPipeError:   # `anolisnuma-ctl pods | head`
         return EXIT_OK

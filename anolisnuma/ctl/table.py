@@ -1,10 +1,33 @@
-"""Plain-text tables with aligned columns (no dependency, no colours, no terminal width)."""
+"""Plain-text tables with aligned columns (no dependency, no colours, no terminal width).
+
+Cells hold what pod authors wrote (names, annotations, hook errors that quote them): every
+cell is made safe for a terminal by :func:`printable`, so a value cannot move the cursor,
+retitle the window or erase and forge the lines an operator reads.
+"""
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, List, Sequence, Tuple
 
 EMPTY = "-"
+# Control characters (C0, DEL, C1), format characters (bidi overrides, zero-width marks),
+# line/paragraph separators, and lone surrogates (JSON can carry them; a terminal cannot
+# print them): nothing a person should see as a character of its own.
+_HIDDEN = frozenset(("Cc", "Cf", "Zl", "Zp", "Cs"))
+
+
+def printable(text: str, keep: str = "") -> str:
+    """``text`` with every control, format and separator character shown as its escape
+    (``\\x1b``, ``\\u202e``); characters in ``keep`` (e.g. ``"\\n"``) stay as they are."""
+    if text.isprintable() and not keep:   # the common case, in C
+        return text
+    return "".join(c if c in keep or unicodedata.category(c) not in _HIDDEN else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
 def cell(value: Any) -> str:
@@ -16,7 +39,7 @@ def cell(value: Any) -> str:
         return f"{value:g}"
     if isinstance(value, (list, tuple)):
         return ",".join(cell(v) for v in value)
-    return " ".join(str(value).split())   # one line per row, whatever the value holds
+    return printable(" ".join(str(value).split()))   # one line per row, whatever the value holds
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -42,4 +65,4 @@ def lines(*blocks: str) -> str:
     return "\n\n".join(b for b in blocks if b)
 
 
-__all__: List[str] = ["cell", "fields", "lines", "table"]
+__all__: List[str] = ["cell", "fields", "lines", "printable", "table"]

@@ -268,3 +268,23 @@ def test_ctl_speaks_json_wherever_the_option_is_given(node):
     b = node.ctl("pods", "-o", "json")
     assert a[0] == b[0] == 0
     assert json.loads(a[1]) == json.loads(b[1])
+
+
+def test_what_a_pod_author_wrote_cannot_drive_the_operators_terminal(node):
+    # retitle the window, erase the line above and write over it, a C1 CSI, a bidi override,
+    # a carriage return (white space: folded into a blank like a newline)
+    hostile = "LS\x1b]0;owned\x07\x1b[1A\x1b[2Kqos: LSE (forged)\x9b31m\u202eevil\rtail"
+    k = node.kubelet
+    pod = k.run_started("web-9", annotations={"anolisbox.sh/qoslevel": hostile, "anolisbox.sh/llc_limit": "\x1bc"})
+
+    [e] = node.ctl_json("explain", "batch/web-9")   # JSON stays exact
+    assert e["pod"]["uid"] == pod.uid
+    assert e["markings"]["annotation anolisbox.sh/qoslevel"] == hostile
+    for command in (["explain", "batch/web-9"], ["pods"], ["status"]):
+        code, out, err = node.ctl(*command)
+        assert code == 0, err
+        shown = [c for c in out if c != "\n" and not c.isprintable()]
+        assert shown == [], (command, shown)
+    code, out, _ = node.ctl("explain", "batch/web-9")
+    assert "LS\\x1b]0;owned\\x07\\x1b[1A\\x1b[2Kqos: LSE (forged)\\x9b31m\\u202eevil tail" in out
+    assert "\\x1bc" in out

@@ -16,7 +16,7 @@ import pytest
 
 from anolisnuma.ctl import main as ctl
 from anolisnuma.ctl.render import human_bytes, human_duration
-from anolisnuma.ctl.table import fields, table
+from anolisnuma.ctl.table import fields, printable, table
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -162,6 +162,14 @@ def test_tables_align_columns_and_show_missing_values_as_a_dash():
     ]
     assert fields([("uid", "1234"), ("cgroup parent", None)]).splitlines() == ["uid:            1234",
                                                                                 "cgroup parent:  -"]
+
+
+def test_control_format_and_separator_characters_are_shown_as_escapes():
+    assert printable("web-0 \u00e9\u4e2d") == "web-0 \u00e9\u4e2d"          # letters of any script stay
+    assert printable("a\x1b[2Kb\x07\x7f\x9b") == "a\\x1b[2Kb\\x07\\x7f\\x9b"
+    assert printable("\u202eabc\u200b\u2028\ud800") == "\\u202eabc\\u200b\\u2028\\ud800"
+    assert printable("one\ntwo\x1b", keep="\n") == "one\ntwo\\x1b"
+    assert table(["A", "B"], [["\x1b]0;x\x07", "y"]]).splitlines()[1] == "\\x1b]0;x\\x07  y"
 
 
 def test_sizes_and_durations_read_like_a_person_would_write_them():
