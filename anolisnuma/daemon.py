@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, List, Optional
 
 import structlog
@@ -24,12 +23,13 @@ from anolisnuma.configfile import ConfigError
 from anolisnuma.controller import Controller, Controllers
 from anolisnuma.cri.client import CriClient
 from anolisnuma.pipeline.hooks import Hook
-from anolisnuma.pipeline.interceptor import Interceptor
+from anolisnuma.pipeline.interceptor import HOOK_THREADS, Interceptor
 from anolisnuma.reconcile.resync import RuntimeResync
 from anolisnuma.state.store import Store
 from anolisnuma.system import sd_notify
 from anolisnuma.transport.listener import UnixListener
 from anolisnuma.transport.relay import Relay
+from anolisnuma.workers import WorkerPool
 
 log = structlog.get_logger("anolisnuma.daemon")
 
@@ -87,7 +87,8 @@ class Daemon:
         self.store = Store(config.paths.state_dir)
         self.hooks: List[Hook] = list(hooks) if hooks is not None else []
         self._build_hooks = hooks is None
-        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hook")
+        # Hooks and start-up work; all its threads exist from here on (anolisnuma.workers).
+        self.executor = WorkerPool(HOOK_THREADS, "hook")
         self.interceptor = Interceptor(hooks, config.hooks, self.store, self.executor,
                                        max_message_bytes=config.server.max_message_bytes)
         self.interceptor.set_debug(config.log.level == "debug")

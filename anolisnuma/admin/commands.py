@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 from anolisnuma.admin import views
 from anolisnuma.admin.server import CommandError
 from anolisnuma.configfile import ConfigError
+from anolisnuma.workers import WorkerPool
 
 if TYPE_CHECKING:  # pragma: no cover
     from anolisnuma.daemon import Daemon
@@ -31,7 +31,7 @@ class AdminCommands:
         self.daemon = daemon
         self.started = started
         self.surfaces = surfaces
-        self.executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="admin")
+        self.executor = WorkerPool(2, "admin")
         self._handlers = {"status": self.status, "pods": self.pods, "numa": self.numa,
                           "explain": self.explain, "reload": self.reload}
 

@@ -28,11 +28,14 @@ from anolisnuma.pipeline.metrics import Counters, LatencyStats
 from anolisnuma.pipeline.recent import RecentCalls
 from anolisnuma.state.records import PodRecord
 from anolisnuma.state.store import Store
+from anolisnuma.workers import WorkerPool
 
 log = structlog.get_logger("anolisnuma.pipeline")
 
 # Calls of one hook allowed to run on past their budget before the hook is skipped.
 MAX_OVERRUNNING = 2
+# Hook calls that run at once (on a pool started with the daemon: see anolisnuma.workers).
+HOOK_THREADS = 8
 # The kubelet stops and removes what may already be gone; containerd before 1.7 answers that
 # with NOT_FOUND, which the kubelet takes as done. Logged as a warning it would be noise.
 _NOT_FOUND = grpcwire.STATUS_CODES["NOT_FOUND"]
@@ -83,7 +86,7 @@ class Interceptor:
         self.config = config
         self.store = store
         self.max_message_bytes = max_message_bytes
-        self.executor = executor or ThreadPoolExecutor(max_workers=8, thread_name_prefix="hook")
+        self.executor = executor or WorkerPool(HOOK_THREADS, "hook")
         self.counters = Counters()
         # read at scrape time by the metrics endpoint, and by `anolisnuma-ctl explain`
         self.call_stats = LatencyStats()    # (method, gRPC code name)
@@ -104,6 +107,8 @@ class Interceptor:
         self._debug = False
         # A client can reset intercepted streams at will: one line per kind, then counts.
         self.aborts = EventSummary(log, "intercepted call ended without a reply")
+        # Whatever exhausts the daemon (memory, threads) may fail every call at once.
+        self._failures = EventSummary(log, "interception failed; the failure policy decides", level="error")
 
     def set_debug(self, enabled: bool) -> None:
         self._debug = enabled
@@ -169,6 +174,26 @@ class Interceptor:
         if pc.skip_hooks:
             return Decision.forward(body)
         return asyncio.ensure_future(self._run_pre(pc, self._pre[pc.method], body))
+
+    def failed(self, pc: PipelineCall, body: bytes, error: BaseException) -> Decision:
+        """What a held request becomes when the pipeline itself failed on it (out of
+        memory, say): refused UNAVAILABLE when a hook it had to pass is fail-closed (while
+        the hooks are still being built: when any configured policy is), else forwarded
+        as if anolisnuma were not there."""
+        if self._ready:
+            policies = {self.config.settings(h.name).failure_policy for h in self._pre[pc.method]}
+        else:
+            policies = {self.config.default.failure_policy} | {
+                s.failure_policy for s in self.config.per_hook.values()}
+        fail = "fail" in policies
+        self.counters.add("calls_refused" if fail else "pipeline_failures_forwarded")
+        self._failures.note((pc.method, type(error).__name__), method=pc.method, error=repr(error)[:300],
+                            decision="refused (failure_policy fail)" if fail else "forwarded unchanged")
+        if fail:
+            return Decision.refuse(grpcwire.STATUS_CODES["UNAVAILABLE"],
+                                   f"anolisnuma could not apply its policies to this {pc.method} "
+                                   f"({type(error).__name__}); refused, the failure policy is fail")
+        return Decision.forward(body)
 
     async def _when_ready(self, pc: PipelineCall, body: bytes, ready: "asyncio.Future[None]") -> Decision:
         await ready
@@ -291,22 +316,12 @@ class Interceptor:
         instead of taking more worker threads from everyone else.
         """
         budget = self.config.settings(hook.name).budget_seconds
-        fn = hook.pre if stage == "pre" else hook.post
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        error: Optional[BaseException] = None
         if self._overrunning.get(hook.name, 0) >= MAX_OVERRUNNING:
-            error = TimeoutError(f"earlier calls still run past the budget of {budget:g}s; not called")
+            error: Optional[BaseException] = TimeoutError(
+                f"earlier calls still run past the budget of {budget:g}s; not called")
         else:
-            fut = loop.run_in_executor(self.executor, fn, call)
-            try:
-                await asyncio.wait_for(asyncio.shield(fut), budget)
-            except asyncio.TimeoutError:
-                error = TimeoutError(f"exceeded its budget of {budget:g}s")
-                self._overrunning[hook.name] = self._overrunning.get(hook.name, 0) + 1
-                fut.add_done_callback(lambda _f, name=hook.name: self._overran(name))
-            except Exception as e:  # a hook must never take the proxy down
-                error = e
+            error = await self._in_thread(hook, hook.pre if stage == "pre" else hook.post, call, budget)
         self.hook_stats.observe((hook.name, stage, "ok" if error is None else "failed"),
                                 time.perf_counter() - started)
         if error is None:
@@ -319,6 +334,22 @@ class Interceptor:
                        policy=policy if stage == "pre" else "ignore (post-hook)",
                        elapsed_ms=round((time.perf_counter() - started) * 1000, 3))
         return error
+
+    async def _in_thread(self, hook: H.Hook, fn: Any, call: H.Call, budget: float) -> Optional[BaseException]:
+        """Run ``fn(call)`` on a worker thread within ``budget``; what it raised, else None."""
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self.executor, fn, call)
+        except Exception as e:   # no thread, no memory, the executor shut down: it never ran
+            return H.HookRefused(f"could not be run: {e!r}", code="UNAVAILABLE")
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), budget)
+        except asyncio.TimeoutError:
+            self._overrunning[hook.name] = self._overrunning.get(hook.name, 0) + 1
+            fut.add_done_callback(lambda _f, name=hook.name: self._overran(name))
+            return TimeoutError(f"exceeded its budget of {budget:g}s")
+        except Exception as e:  # a hook must never take the proxy down
+            return e
+        return None
 
     def _overran(self, name: str) -> None:
         self._overrunning[name] -= 1

@@ -242,6 +242,9 @@ class FakeInterceptor:
         self.pending.append([fut, outcome, plan.delay])
         return fut
 
+    def failed(self, call: FakeCall, body: bytes, error: BaseException) -> Decision:
+        return Decision.forward(body)   # the pipeline's answer with every failure policy "ignore"
+
     def on_forwarded(self, call: FakeCall, body: bytes) -> None:
         self.records[call.index].forwarded.append(bytes(body))
 

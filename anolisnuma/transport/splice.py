@@ -536,9 +536,8 @@ class Splice:
         st.held = []
         try:
             outcome = self.interceptor.on_request(st.call, body)
-        except Exception as e:  # a bug above must never lose the kubelet's call
-            log.error("interception failed; forwarding the request unchanged", error=repr(e))
-            outcome = Decision.forward(body)
+        except Exception as e:  # a failure above must never lose the kubelet's call
+            outcome = self._after_failure(st, body, e)
         if isinstance(outcome, Decision):
             self._apply_decision(st, outcome, body)
         else:
@@ -555,10 +554,18 @@ class Splice:
                 log.error("interception failed after the call had ended", error=repr(error))
             return
         if decision is None:  # the pipeline never fails a call by accident
-            log.error("interception failed; forwarding the request unchanged", error=repr(error))
-            decision = Decision.forward(body)
+            decision = self._after_failure(st, body, error)
         self._apply_decision(st, decision, body)
         self._flush()
+
+    def _after_failure(self, st: _Stream, body: bytes, error: Optional[BaseException]) -> Decision:
+        """The pipeline failed on a held request: its failure policy decides (refused or
+        forwarded); forwarded when even that cannot be asked."""
+        try:
+            return self.interceptor.failed(st.call, body, error)
+        except Exception as e:
+            log.error("interception failed; forwarding the request unchanged", error=repr(error), then=repr(e))
+            return Decision.forward(body)
 
     def _apply_decision(self, st: _Stream, d: Decision, original: bytes) -> None:
         st.holding = False
