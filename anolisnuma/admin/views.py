@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from anolisnuma import __version__
 from anolisnuma.state.records import ContainerRecord, PodRecord
+from anolisnuma.workers import WorkerPool, census
 
 if TYPE_CHECKING:  # pragma: no cover
     from anolisnuma.daemon import Daemon
@@ -92,8 +93,17 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
         "reconcilers": reconcilers(daemon),
         "controllers": daemon.controllers.status(),
         "journal_pods": len(daemon.interceptor.journal),
+        "threads": census(_pools(daemon)),
         **surfaces,
     }
+
+
+def _pools(daemon: "Daemon") -> List[WorkerPool]:
+    pools = [daemon.executor]
+    commands = daemon.admin.commands
+    if commands is not None:
+        pools.append(commands.executor)
+    return [p for p in pools if isinstance(p, WorkerPool)]
 
 
 def reconcilers(daemon: "Daemon") -> Dict[str, Any]:

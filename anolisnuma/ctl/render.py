@@ -40,6 +40,11 @@ def _plural(n: Any, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def _threads(t: Dict[str, Any]) -> str:
+    pools = ", ".join(f"{name} {p['threads']}/{p['size']}" for name, p in sorted((t.get("pools") or {}).items()))
+    return f"{t.get('total', '-')}" + (f" (pools: {pools})" if pools else "")
+
+
 def _counts(d: Dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(d.items()) if v) or "none"
 
@@ -68,6 +73,7 @@ def status(r: Dict[str, Any]) -> str:
         ("relay events", _counts(relay.get("counters") or {})),
         ("pipeline events", _counts(r.get("pipeline") or {})),
         ("waiting for hooks", r.get("calls_waiting_for_hooks") or 0),
+        ("threads", _threads(r.get("threads") or {})),
         ("kernel knobs", ("none: the QoS hook is not running" if knobs is None else
                           ", ".join(knobs.get("supported") or []) or "none supported")),
     ])
