@@ -49,6 +49,10 @@ class ServerConfig:
     # Past either, new intercepted calls are refused with RESOURCE_EXHAUSTED.
     buffer_bytes_per_connection: int = 32 * MIB
     buffer_bytes_total: int = 64 * MIB
+    # Connections relayed at once (the kubelet keeps one or two), and how long a new one
+    # may take to send the HTTP/2 preface before it is closed.
+    max_connections: int = 128
+    handshake_timeout_seconds: float = 10.0
 
     @classmethod
     def from_table(cls, t: Table) -> "ServerConfig":
@@ -74,6 +78,9 @@ class ServerConfig:
             shutdown_grace_seconds=t.float("shutdown_grace_seconds", cls.shutdown_grace_seconds, min=0, max=600),
             buffer_bytes_per_connection=per_connection,
             buffer_bytes_total=total,
+            max_connections=t.int("max_connections", cls.max_connections, min=1, max=65536),
+            handshake_timeout_seconds=t.float("handshake_timeout_seconds", cls.handshake_timeout_seconds,
+                                              min=0.05, max=600),
         )
         t.finish()
         return cfg

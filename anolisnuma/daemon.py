@@ -96,7 +96,9 @@ class Daemon:
                            connect_timeout=config.runtime.connect_timeout_seconds,
                            max_message_bytes=config.server.max_message_bytes,
                            budget_per_connection=config.server.buffer_bytes_per_connection,
-                           budget_total=config.server.buffer_bytes_total)
+                           budget_total=config.server.buffer_bytes_total,
+                           max_connections=config.server.max_connections,
+                           handshake_timeout=config.server.handshake_timeout_seconds)
         self.listener = UnixListener(config.server.listen, config.server.socket_mode)
         self.admin = AdminSurface(self)   # admin socket and metrics endpoint (anolisnuma/admin)
         self._stop: Optional[asyncio.Event] = None

@@ -1,5 +1,5 @@
 """Probes of a daemon running as a subprocess, for tests that attack it: its RSS and open
-file descriptors, and a watchdog that keeps calling Version on a connection of its own."""
+file descriptors, its status over the admin socket, and a watchdog that keeps calling Version on a connection of its own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Optional
 
 MIB = 1 << 20
 
@@ -22,6 +22,17 @@ def rss_bytes(pid: int) -> int:
 
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def status_when_up(admin_socket: str) -> Optional[Dict[str, Any]]:
+    """The daemon's ``status``, or None while its admin socket does not answer (yet): the
+    admin socket listens a moment after the CRI socket."""
+    from anolisnuma.ctl.client import CtlError, ask
+
+    try:
+        return ask(admin_socket, "status", timeout=10)
+    except CtlError:
+        return None
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:

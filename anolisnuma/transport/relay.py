@@ -36,10 +36,15 @@ class Relay:
 
     def __init__(self, upstream: str, interceptor: Any, connect_timeout: float = 1.0,
                  max_message_bytes: int = 16 * MIB, budget_per_connection: int = 32 * MIB,
-                 budget_total: int = 64 * MIB) -> None:
+                 budget_total: int = 64 * MIB, max_connections: int = 128,
+                 handshake_timeout: float = 10.0) -> None:
         self.upstream = upstream
         self.interceptor = interceptor
         self.connect_timeout = connect_timeout
+        # Each connection costs a containerd connection and two descriptors: a client that
+        # opens them without end, or opens them and never speaks, is bounded by these.
+        self.max_connections = max_connections
+        self.handshake_timeout = handshake_timeout
         self.max_message_bytes = max_message_bytes
         self.budget_per_connection = budget_per_connection
         self.budget = MemoryBudget(budget_total, on_empty=self._buffers_empty)
@@ -51,6 +56,9 @@ class Relay:
         self._unreachable = EventSummary(
             log, "containerd unreachable; kubelet connection closed (calls fail UNAVAILABLE)", 5.0)
         self._faults = EventSummary(log, "kubelet connection ended: the relay cannot follow it", level="error")
+        self._over_cap = EventSummary(log, "kubelet connection refused: server.max_connections are open")
+        self._silent = EventSummary(log, "kubelet connection closed: no HTTP/2 preface within "
+                                         "server.handshake_timeout_seconds")
 
     def set_budgets(self, per_connection: int, total: int) -> None:
         """New limits (a reload); what is already buffered stays, new takes see them."""
@@ -62,11 +70,27 @@ class Relay:
     def protocol(self) -> asyncio.Protocol:
         return _Accepted(self)
 
+    def has_room(self) -> bool:
+        """Whether a new connection may be taken (False: counted and logged)."""
+        if len(self.splices) < self.max_connections:
+            return True
+        self.counters.add("connections_refused_over_cap")
+        self._over_cap.note("over cap", connections=len(self.splices), max_connections=self.max_connections)
+        return False
+
     def adopt(self, splice: Splice) -> None:
         self.splices.add(splice)
         task = asyncio.ensure_future(self._connect(splice))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        asyncio.get_running_loop().call_later(self.handshake_timeout, self._end_if_silent, splice)
+
+    def _end_if_silent(self, splice: Splice) -> None:
+        if splice.closed or splice.greeted:
+            return
+        self.counters.add("connections_ended_no_preface")
+        self._silent.note("no preface", conn=splice.cid, timeout_seconds=self.handshake_timeout)
+        splice.close("no HTTP/2 preface in time")
 
     def forget(self, splice: Splice) -> None:
         self.splices.discard(splice)
@@ -129,7 +153,7 @@ class Relay:
         left = sum(1 for s in self.splices if s.busy)
         for s in list(self.splices):
             s.close("proxy shutting down")
-        for summary in (self._unreachable, self._faults):
+        for summary in (self._unreachable, self._faults, self._over_cap, self._silent):
             summary.flush()
         return left
 
@@ -144,6 +168,9 @@ class _Accepted(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.pause_reading()  # type: ignore[attr-defined]
+        if not self.relay.has_room():
+            transport.abort()
+            return
         try:
             fd = os.dup(transport.get_extra_info("socket").fileno())
         except OSError as e:  # out of descriptors: the kubelet sees the connection close

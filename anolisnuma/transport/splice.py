@@ -195,6 +195,11 @@ class Splice:
         self._k2c_pump = (self.k2c, self._send_up, self._k2c_frame, self._k2c_classify, self._k2c_fold)
         self._c2k_pump = (self.c2k, self._send_down, self._c2k_frame, self._c2k_classify, self._c2k_fold)
 
+    @property
+    def greeted(self) -> bool:
+        """Whether the kubelet sent the HTTP/2 preface."""
+        return not self.k2c.need_preface
+
     # ---------------------------------------------------------------- wiring
     def upstream_connected(self, up: asyncio.Transport) -> None:
         self.up = up

@@ -7,17 +7,16 @@ pids cgroup that allows no new thread."""
 from __future__ import annotations
 
 import os
-import socket
-import time
 import uuid
 from typing import Any, Iterator, List
 
 import grpc
 import pytest
 
-from anolisnuma.admin import protocol
 from anolisnuma.config import HookSettings
+from anolisnuma.ctl.client import ask
 from anolisnuma.pipeline.hooks import CREATE_CONTAINER, Call, Hook
+from anolisnuma.testing.daemon_probes import status_when_up, wait_for
 from anolisnuma.testing.fake_cri import FakeCri, runtime_path
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.proxy import SubprocessProxy, config_dict
@@ -136,22 +135,6 @@ def thread_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
 
 
-def admin(path: str, command: str) -> Any:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
-        s.connect(path)
-        s.sendall(protocol.encode_request(command))
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    ok, result = protocol.decode_reply(buf)
-    assert ok, result
-    return result
-
-
 @pytest.fixture
 def numa_daemon(sockdir: str, kernel: Any, tmp_path: Any) -> Iterator[Any]:
     """The daemon as a process with the NUMA hook fail-closed (pods of namespace batch
@@ -184,10 +167,8 @@ def test_with_no_thread_to_be_had_every_pod_still_gets_its_placement_or_is_refus
     channel = grpc.insecure_channel(proxy.address, options=CLIENT_OPTIONS)
     try:
         stub = pb_grpc.RuntimeServiceStub(channel)
-        deadline = time.monotonic() + 30
-        while not admin(admin_socket, "status")["resynced"]:   # the hooks and their loops are up
-            assert time.monotonic() < deadline, "the daemon did not resync"
-            time.sleep(0.05)
+        wait_for(lambda: (status_when_up(admin_socket) or {}).get("resynced"), timeout=30,
+                 what="the hooks and their loops to be up")
         sandboxes = []
         for i in range(8):   # RunPodSandbox before the limit: the store knows each pod
             config = sandbox_config(f"job-{i}", namespace="batch")
@@ -206,7 +187,7 @@ def test_with_no_thread_to_be_had_every_pod_still_gets_its_placement_or_is_refus
                     outcomes.append(("ok", f.result().container_id))
                 except grpc.RpcError as e:
                     outcomes.append((e.code().name, e.details()))
-            status = admin(admin_socket, "status")   # the operator can still look
+            status = ask(admin_socket, "status")   # the operator can still look
             threads = thread_count(proxy.proc.pid)
         finally:
             pids.release(proxy.proc.pid)
