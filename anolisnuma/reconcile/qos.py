@@ -244,7 +244,14 @@ class QosApplier:
             report.written += 1
             return Outcome.WOULD_WRITE
         try:
-            write_text(t.path, str(t.value))
+            try:
+                write_text(t.path, str(t.value))
+            except (FileGone, KnobFileMissing):
+                if not directory_of_exists(t.path):
+                    raise
+                # The directory is there now: it may have appeared (with its files) just
+                # after the write failed. Once more before the file is called missing.
+                write_text(t.path, str(t.value))
         except (FileGone, KnobFileMissing) as e:
             return self._absent(t, ref, e)
         except HostFileError as e:

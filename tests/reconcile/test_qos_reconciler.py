@@ -230,3 +230,37 @@ def _cpu(fn):
     counts = fn()
     assert counts.rewritten == 0
     return time.process_time() - t
+
+
+def test_a_cgroup_that_appears_while_its_knob_is_written_gets_the_value(node, monkeypatch):
+    """A post-hook racing with the cgroup's creation: the write fails because the directory
+    is not there yet, and the directory is there a moment later. The knob is written, not
+    called missing (a container left without its group identity until the next pass)."""
+    from anolisnuma.reconcile import qos as applier_module
+    from anolisnuma.system import knobs
+
+    hook = QosHook(QosConfig(), node.paths)
+    parent = f"/kubepods/besteffort/pod{uuid.uuid4()}"
+    node.make_pod(parent)
+    cid = uuid.uuid4().hex * 2
+    rel = f"{parent.strip('/')}/{cid}"
+    knob = knobs.BY_NAME["cpu.bvt_warp_ns"]
+    real_write = applier_module.write_text
+    writes = []
+
+    def racing_write(path, value):
+        writes.append(path)
+        if len(writes) == 1:
+            try:
+                real_write(path, value)   # no directory yet
+            finally:
+                node.make_container(parent, cid)   # ... and now there is, with its files
+        else:
+            real_write(path, value)
+
+    monkeypatch.setattr(applier_module, "write_text", racing_write)
+    report = applier_module.ApplyReport()
+    target = applier_module.FileTarget(knob, hook.cgroups.knob_path(knob, rel), -1)
+    assert hook.applier.ensure(target, "default/p", report, compare=False) is applier_module.Outcome.WRITTEN
+    assert node.cgroup.read(rel, "cpu.bvt_warp_ns") == "-1"
+    assert report.written == 1 and not target.missing_logged
