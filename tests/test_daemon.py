@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -380,6 +381,59 @@ def test_the_admin_reload_of_a_fifo_is_refused_without_holding_the_event_loop(so
                 _unblock(path)
             assert str(e.value) == ("reload refused, the running configuration stays: cannot read configuration "
                                     f"file {path}: it is not a regular file (a FIFO)")
+
+
+@pytest.mark.parametrize("content", [
+    '{"version": 1, "pods": ["x"]}',
+    '{"version": 1, "pods": [{"sandbox_id": ["a"], "uid": "u", "name": "n", "namespace": "ns"}]}',
+    '{"version": 1, "containers": [{"container_id": "c", "sandbox_id": "s", "name": "n", "resources": "x"}]}',
+    '{"version": 1, "pods": [{"sandbox_id": "s", "uid": "u", "name": "n", "namespace": "ns", "labels": ["a"]}]}',
+    '{"version": 1, "pods": {}}',
+    None,   # a FIFO
+], ids=["a pod is a string", "a sandbox_id is a list", "resources is a string", "labels is a list",
+        "pods is an object", "a FIFO"])
+def test_the_daemon_starts_whatever_its_state_file_holds(sockdir, content):
+    """A store.json of the wrong shape made the daemon exit 1 once it listened (a crash
+    loop under Restart=always, and a kubelet without a runtime), a FIFO held its start.
+    The file is moved aside and the store rebuilt from containerd."""
+    import grpc
+
+    from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+    from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
+    from cri_proto import api_pb2
+
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=1) as fake:
+        cfg = config_dict(sockdir, fake.socket_path)
+        state_dir = cfg["paths"]["state_dir"]
+        path = os.path.join(state_dir, "store.json")
+        os.makedirs(state_dir, mode=0o700)
+        if content is None:
+            os.mkfifo(path)
+        else:
+            with open(path, "w") as f:
+                f.write(content)
+        proxy = SubprocessProxy(cfg, sockdir).start()
+
+        def rebuilt():
+            try:
+                with open(path) as f:
+                    return [p["sandbox_id"] for p in json.load(f)["pods"]] == fake.sandbox_ids()
+            except (OSError, ValueError):
+                return False
+
+        try:
+            with grpc.insecure_channel(proxy.address) as channel:
+                assert channel.unary_unary(runtime_path("Version"))(
+                    api_pb2.VersionRequest().SerializeToString(), timeout=10)
+            _wait(rebuilt)
+            errors = [line for line in read_log(cfg["log"]["file"]) if line.get("level") == "error"]
+            assert [(e["message"], e["path"]) for e in errors] == [
+                ("state file is corrupt; moved aside, rebuilding from containerd", path)]
+            assert os.path.basename(errors[0]["moved_to"]) in os.listdir(state_dir)
+            assert proxy.proc.poll() is None
+        finally:
+            _unblock(path)
+            proxy.stop()
 
 
 def test_sigusr1_reopens_the_log_file_after_rotation(sockdir):
