@@ -36,11 +36,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from anolisnuma import logsetup
     from anolisnuma.daemon import EXIT_START, Daemon
-    from anolisnuma.preflight import check_writable_paths
+    from anolisnuma.preflight import check_owners, check_writable_paths
     from anolisnuma.transport.listener import ListenerError
 
     try:
         check_writable_paths(config)
+        check_owners(config)
     except ConfigError as e:
         print(f"anolisnuma: invalid configuration: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -11,12 +11,18 @@ from __future__ import annotations
 import sys
 from typing import Any, Dict, Iterable, List, Optional
 
+from anolisnuma.fileread import MIB, RefusedFile, read_regular_file
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on the Python 3.9/3.10 nodes
     import tomli as tomllib
 
 _MISSING = object()
+
+# The default configuration is about 10 KiB; a file a hundred times its size is no
+# configuration, and reading or parsing it must not hold the daemon up.
+CONFIG_MAX_BYTES = MIB
 
 
 class ConfigError(Exception):
@@ -29,15 +35,17 @@ class ConfigError(Exception):
 
 
 def load_toml(path: str) -> Dict[str, Any]:
-    """Parse a TOML file; a missing file or bad syntax raises :class:`ConfigError`."""
+    """Parse a TOML file; a missing or unreadable file, one that is not a regular file or
+    is larger than :data:`CONFIG_MAX_BYTES`, or bad syntax raises :class:`ConfigError`."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(read_regular_file(path, CONFIG_MAX_BYTES).decode("utf-8"))
+    except RefusedFile as e:
+        raise ConfigError("", f"cannot read configuration file {path}: it is {e.problem}") from e
     except OSError as e:
         raise ConfigError("", f"cannot read configuration file {path}: {e.strerror}") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("", f"{path} is not valid TOML: {e}") from e
-    except UnicodeDecodeError as e:  # TOML is UTF-8; tomllib lets this one through
+    except UnicodeDecodeError as e:  # TOML is UTF-8
         raise ConfigError("", f"{path} is not UTF-8 text (byte {e.start}): {e.reason}") from e
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Set
 
 import structlog
 
@@ -102,6 +102,9 @@ class Daemon:
         self.listener = UnixListener(config.server.listen, config.server.socket_mode)
         self.admin = AdminSurface(self)   # admin socket and metrics endpoint (anolisnuma/admin)
         self._stop: Optional[asyncio.Event] = None
+        self._reloading: Optional[asyncio.Lock] = None   # made by run()
+        self.reload_pool = WorkerPool(1, "reload")   # one reload at a time anyway
+        self._reload_tasks: Set[asyncio.Task] = set()   # SIGHUPs' reloads in progress
         self._resync_task: Optional[asyncio.Task] = None
         self.controllers = Controllers()   # every background loop, started and stopped here
         self.runtime_resync: Optional[RuntimeResync] = None
@@ -116,6 +119,7 @@ class Daemon:
         that arrive meanwhile wait for their hooks; every other call is relayed at once."""
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        self._reloading = asyncio.Lock()   # made here: on 3.9 a lock binds to the loop current when made
         sock = self.listener.open()
         # asyncio listens again on the socket it is given, with a backlog of 100 unless told.
         server = await loop.create_unix_server(self.relay.protocol, sock=sock, backlog=self.listener.backlog)
@@ -160,16 +164,30 @@ class Daemon:
         log.info("hooks ready", hooks=[h.name for h in self.hooks])
         return True
 
-    def reload(self) -> reload_plan.ReloadPlan:
-        """Re-read the configuration file and apply what may change live (SIGHUP). An
-        invalid file is refused with one log line; the running configuration stays."""
-        try:
-            new = Config.load(self.config.source) if self.config.source else None
-        except ConfigError as e:
-            log.error("configuration reload refused; the running configuration stays", error=str(e))
-            raise
-        if new is None:
-            raise ConfigError("", "the daemon was not started from a file")
+    async def reload(self) -> reload_plan.ReloadPlan:
+        """Re-read the configuration file and apply what may change live (SIGHUP, the
+        admin ``reload``). The file is read and parsed off the event loop, so the relay
+        goes on relaying whatever sits at the path, and on a thread of its own (started with
+        the daemon: see anolisnuma.workers), not the hooks' pool (hung hooks can fill that one). Reloads run one at a time, in the
+        order they came: two reads racing on threads could finish out of order and leave
+        the older file applied. An unusable file raises ConfigError, logged once; the
+        running configuration stays."""
+        async with self._reloading:
+            if not self.config.source:
+                raise ConfigError("", "the daemon was not started from a file")
+            try:
+                new = await asyncio.get_running_loop().run_in_executor(self.reload_pool, Config.load,
+                                                                       self.config.source)
+            except RuntimeError as e:   # the pool shut down: the daemon is stopping
+                raise ConfigError("", f"cannot read the configuration now: {e}") from None
+            except ConfigError as e:
+                log.error("configuration reload refused; the running configuration stays", error=str(e))
+                raise
+            return self._apply(new)
+
+    def _apply(self, new: Config) -> reload_plan.ReloadPlan:
+        """Take from ``new`` what may change live (on the event loop: the relay and the
+        interceptor read these between their own steps)."""
         plan = reload_plan.plan(self.config, new)
         cfg = self.config
         if "log.level" in plan.live:
@@ -196,8 +214,13 @@ class Daemon:
         return plan
 
     def _on_sighup(self) -> None:
+        task = asyncio.ensure_future(self._reload_quietly())
+        self._reload_tasks.add(task)   # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._reload_tasks.discard)
+
+    async def _reload_quietly(self) -> None:
         try:
-            self.reload()
+            await self.reload()
         except ConfigError:
             pass  # logged: the running configuration stays
 
@@ -271,5 +294,6 @@ class Daemon:
                 log.warning("hook did not close cleanly", hook=hook.name, error=repr(e))
         self.store.close()
         self.executor.shutdown(wait=False)
+        self.reload_pool.shutdown(wait=False)
         log.info("anolisnuma stopped", connections_with_calls_cut=left,
                  counters=self.interceptor.counters.snapshot())

@@ -224,6 +224,58 @@ def test_syntax_error_and_missing_file(tmp_path):
         Config.load(str(tmp_path / "missing.toml"))
 
 
+# ---------------------------------------------------------------- what sits at the path
+
+def _load_within(path: str, seconds: float = 10.0) -> BaseException:
+    """What Config.load(path) raised, run on a thread; AssertionError when it is still
+    blocked after ``seconds`` (then a writer is opened and closed on a FIFO, so the thread
+    ends)."""
+    import threading
+
+    raised = []
+
+    def load() -> None:
+        try:
+            Config.load(path)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            raised.append(e)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(seconds)
+        raise AssertionError(f"Config.load({path}) blocked")
+    assert raised, f"Config.load({path}) loaded it"
+    return raised[0]
+
+
+@pytest.mark.parametrize("make,kind", [
+    (os.mkfifo, "a FIFO"),                                  # open() would wait for a writer
+    (lambda p: os.symlink("/dev/null", p), "a character device"),  # as /dev/zero, which never ends
+    (os.mkdir, "a directory"),
+])
+def test_a_config_path_that_is_not_a_regular_file_is_refused_at_once(tmp_path, make, kind):
+    path = str(tmp_path / "c.toml")
+    make(path)
+    e = _load_within(path)
+    assert isinstance(e, ConfigError)
+    assert str(e) == f"cannot read configuration file {path}: it is not a regular file ({kind})"
+
+
+def test_a_config_file_larger_than_1_mib_is_refused(tmp_path):
+    path = tmp_path / "c.toml"
+    comment = b"#" * 1023 + b"\n"
+    path.write_bytes(comment * (MIB // len(comment)))   # exactly the cap: read
+    assert Config.load(str(path)).server == ServerConfig()
+    with open(path, "ab") as f:
+        f.write(b"\n")
+    with pytest.raises(ConfigError) as e:
+        Config.load(str(path))
+    assert str(e.value) == f"cannot read configuration file {path}: it is larger than 1 MiB ({MIB + 1} bytes)"
+
+
 @pytest.mark.skipif(not os.path.exists(os.path.join(REPO, "config.toml")), reason="no shipped config.toml yet")
 def test_shipped_default_config_is_valid():
     Config.load(os.path.join(REPO, "config.toml"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -247,6 +248,191 @@ def test_sighup_reloads_what_may_change_live_and_refuses_a_bad_file(sockdir):
             assert reloads()[-1]["message"] == "configuration reload refused; the running configuration stays"
             assert proxy.proc.poll() is None
         finally:
+            proxy.stop()
+
+
+def _unblock(path: str) -> None:
+    """Open and close a writer on the FIFO at ``path``, so a reader blocked opening it goes
+    on (nothing to do when nobody is)."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:   # ENXIO: no reader; or no FIFO there
+        pass
+
+
+@pytest.mark.parametrize("swap_in,kind", [("fifo", "a FIFO"), ("/dev/zero", "a character device")])
+def test_a_reload_from_a_fifo_or_dev_zero_is_refused_while_the_relay_answers(sockdir, swap_in, kind):
+    """A FIFO at the configuration's path froze the relay until something was written
+    into it; a link to /dev/zero grew the daemon by a GiB every six seconds. Either is one
+    refusal line now, the relay answers throughout, and the running configuration stays."""
+    import resource
+    import signal
+
+    import grpc
+
+    from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+    from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log, write_config
+    from cri_proto import api_pb2
+
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
+        cfg = config_dict(sockdir, fake.socket_path)
+        proxy = SubprocessProxy(cfg, sockdir).start()
+        # Code that reads /dev/zero whole must fail here, not take the machine's memory.
+        resource.prlimit(proxy.proc.pid, resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+        def reloads():
+            return [line for line in read_log(cfg["log"]["file"]) if "reload" in line.get("message", "")]
+
+        request = api_pb2.VersionRequest().SerializeToString()
+        try:
+            with grpc.insecure_channel(proxy.address) as channel:
+                version = channel.unary_unary(runtime_path("Version"))
+                assert version(request, timeout=5)
+                os.remove(proxy.config_path)
+                if swap_in == "fifo":
+                    os.mkfifo(proxy.config_path)
+                else:
+                    os.symlink(swap_in, proxy.config_path)
+                proxy.signal(signal.SIGHUP)
+                assert version(request, timeout=10)
+                _wait(lambda: reloads())
+                refused = reloads()[-1]
+                assert refused["message"] == "configuration reload refused; the running configuration stays"
+                assert refused["error"] == (f"cannot read configuration file {proxy.config_path}: "
+                                            f"it is not a regular file ({kind})")
+                os.remove(proxy.config_path)
+                write_config(proxy.config_path, dict(cfg, log=dict(cfg["log"], level="debug")))
+                proxy.signal(signal.SIGHUP)
+                _wait(lambda: len(reloads()) == 2)
+                assert reloads()[-1]["message"] == "configuration reloaded"
+                assert reloads()[-1]["applied"] == ["log.level"]   # against the configuration it started with
+                assert version(request, timeout=5) and proxy.proc.poll() is None
+        finally:
+            _unblock(proxy.config_path)
+            proxy.stop()
+
+
+def test_a_reload_reads_the_file_off_the_event_loop_and_reloads_run_one_at_a_time(sockdir, monkeypatch):
+    """The file is read and parsed on a thread: a read that takes its time (a slow disk,
+    a huge file) holds no relayed call. A second reload waits for the first, so the
+    newer file is applied last."""
+    import threading
+
+    import grpc
+
+    from anolisnuma import config as config_module
+    from anolisnuma.config import Config
+    from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+    from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
+    from cri_proto import api_pb2
+
+    read_toml = config_module.load_toml
+    reading, release = [], threading.Event()
+
+    def slow_read(path):
+        reading.append(path)
+        assert release.wait(10)
+        return read_toml(path)
+
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
+        data = config_dict(sockdir, fake.socket_path)
+        path = write_config(os.path.join(sockdir, "c.toml"), data)
+        with InProcessProxy(Config.load(path)) as proxy, grpc.insecure_channel(proxy.address) as channel:
+            monkeypatch.setattr(config_module, "load_toml", slow_read)
+            write_config(path, dict(data, log=dict(data["log"], level="debug")))
+            try:
+                proxy.call_in_loop(proxy.daemon._on_sighup)
+                proxy.call_in_loop(proxy.daemon._on_sighup)
+                _wait(lambda: reading)
+                assert channel.unary_unary(runtime_path("Version"))(
+                    api_pb2.VersionRequest().SerializeToString(), timeout=5)
+                assert len(reading) == 1   # the second reload waits for the first
+            finally:
+                release.set()
+
+            def reloaded():
+                return [line for line in proxy.log_lines() if line.get("message") == "configuration reloaded"]
+
+            _wait(lambda: len(reloaded()) == 2)
+            assert reading == [path, path]
+            assert [line.get("applied") for line in reloaded()] == [["log.level"], None]
+            assert proxy.daemon.config.log.level == "debug"
+
+
+def test_the_admin_reload_of_a_fifo_is_refused_without_holding_the_event_loop(sockdir):
+    import asyncio
+
+    from anolisnuma.admin.server import CommandError
+    from anolisnuma.config import Config
+    from anolisnuma.testing.fake_cri import FakeCri
+    from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
+
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
+        path = write_config(os.path.join(sockdir, "c.toml"), config_dict(
+            sockdir, fake.socket_path, extra={"admin": {"socket": os.path.join(sockdir, "admin.sock")}}))
+        with InProcessProxy(Config.load(path)) as proxy:
+            os.remove(path)
+            os.mkfifo(path)
+            reload = asyncio.run_coroutine_threadsafe(proxy.daemon.admin.commands.dispatch("reload", {}), proxy.loop)
+            try:
+                with pytest.raises(CommandError) as e:
+                    reload.result(10)
+            finally:
+                _unblock(path)
+            assert str(e.value) == ("reload refused, the running configuration stays: cannot read configuration "
+                                    f"file {path}: it is not a regular file (a FIFO)")
+
+
+@pytest.mark.parametrize("content", [
+    '{"version": 1, "pods": ["x"]}',
+    '{"version": 1, "pods": [{"sandbox_id": ["a"], "uid": "u", "name": "n", "namespace": "ns"}]}',
+    '{"version": 1, "containers": [{"container_id": "c", "sandbox_id": "s", "name": "n", "resources": "x"}]}',
+    '{"version": 1, "pods": [{"sandbox_id": "s", "uid": "u", "name": "n", "namespace": "ns", "labels": ["a"]}]}',
+    '{"version": 1, "pods": {}}',
+    None,   # a FIFO
+], ids=["a pod is a string", "a sandbox_id is a list", "resources is a string", "labels is a list",
+        "pods is an object", "a FIFO"])
+def test_the_daemon_starts_whatever_its_state_file_holds(sockdir, content):
+    """A store.json of the wrong shape made the daemon exit 1 once it listened (a crash
+    loop under Restart=always, and a kubelet without a runtime), a FIFO held its start.
+    The file is moved aside and the store rebuilt from containerd."""
+    import grpc
+
+    from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+    from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
+    from cri_proto import api_pb2
+
+    with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=1) as fake:
+        cfg = config_dict(sockdir, fake.socket_path)
+        state_dir = cfg["paths"]["state_dir"]
+        path = os.path.join(state_dir, "store.json")
+        os.makedirs(state_dir, mode=0o700)
+        if content is None:
+            os.mkfifo(path)
+        else:
+            with open(path, "w") as f:
+                f.write(content)
+        proxy = SubprocessProxy(cfg, sockdir).start()
+
+        def rebuilt():
+            try:
+                with open(path) as f:
+                    return [p["sandbox_id"] for p in json.load(f)["pods"]] == fake.sandbox_ids()
+            except (OSError, ValueError):
+                return False
+
+        try:
+            with grpc.insecure_channel(proxy.address) as channel:
+                assert channel.unary_unary(runtime_path("Version"))(
+                    api_pb2.VersionRequest().SerializeToString(), timeout=10)
+            _wait(rebuilt)
+            errors = [line for line in read_log(cfg["log"]["file"]) if line.get("level") == "error"]
+            assert [(e["message"], e["path"]) for e in errors] == [
+                ("state file is corrupt; moved aside, rebuilding from containerd", path)]
+            assert os.path.basename(errors[0]["moved_to"]) in os.listdir(state_dir)
+            assert proxy.proc.poll() is None
+        finally:
+            _unblock(path)
             proxy.stop()
 
 

@@ -2,7 +2,8 @@
 
 The views (:mod:`anolisnuma.admin.views`) run on a small executor of the admin's own: the
 daemon's executor runs the hooks, and when hooks hang and fill it is exactly when an
-operator asks ``status``. ``reload`` runs on the event loop, as SIGHUP does.
+operator asks ``status``. ``reload`` is the daemon's own, as SIGHUP's: the file read on a
+thread, the new values applied on the event loop, one reload at a time.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class AdminCommands:
 
     async def reload(self, args: Dict[str, Any]) -> Any:
         try:
-            plan = self.daemon.reload()
+            plan = await self.daemon.reload()
         except ConfigError as e:
             raise CommandError(f"reload refused, the running configuration stays: {e}") from None
         return {"config": self.daemon.config.source, "applied": plan.live, "needs_restart": plan.restart}

@@ -99,7 +99,7 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
 
 
 def _pools(daemon: "Daemon") -> List[WorkerPool]:
-    pools = [daemon.executor]
+    pools = [daemon.executor, daemon.reload_pool]
     commands = daemon.admin.commands
     if commands is not None:
         pools.append(commands.executor)

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-import structlog
-
 from anolisnuma.state.persist import atomic_write_bytes, atomic_write_json, load_json_state
-
-log = structlog.get_logger("anolisnuma.numa")
+from anolisnuma.state.records import decode, decode_list
 
 NUMA_STATE_FILE = "numa.json"
 FORMAT_VERSION = 1
@@ -51,37 +47,9 @@ class AllocationRecord:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: Dict[str, Any]) -> "AllocationRecord":
-        """Raises ValueError/TypeError when ``data`` is not an allocation record."""
-        if not isinstance(data, dict) or not isinstance(data.get("pod_uid"), str):
-            raise ValueError("not an allocation record")
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
-        for key in ("containers", "pending"):
-            raw = kwargs.get(key) or {}
-            if not isinstance(raw, dict):
-                raise ValueError(f"{key} is not an object")
-            kwargs[key] = {str(k): _share(v) for k, v in raw.items()}
-        nodes = kwargs.get("nodes") or []
-        if not isinstance(nodes, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in nodes):
-            raise ValueError("nodes is not a list of integers")
-        for key in ("namespace", "name", "sandbox_id", "home", "mems", "source"):
-            if key in kwargs and not isinstance(kwargs[key], str):
-                raise ValueError(f"{key} is not a string")
-        for key in ("pod_millicpu", "pod_memory_bytes"):
-            if key in kwargs and (not isinstance(kwargs[key], int) or isinstance(kwargs[key], bool)):
-                raise ValueError(f"{key} is not an integer")
-        return cls(**kwargs)
-
-
-def _share(data: Any) -> ContainerShareRecord:
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        raise ValueError("not a container share record")
-    millicpu = data.get("millicpu", 0)
-    memory = data.get("memory_bytes", 0)
-    if not isinstance(millicpu, int) or not isinstance(memory, int):
-        raise ValueError("container share demand is not an integer")
-    return ContainerShareRecord(name=data["name"], millicpu=millicpu, memory_bytes=memory)
+    def from_json(cls, data: Any) -> "AllocationRecord":
+        """Raises ValueError naming the field when ``data`` is not an allocation record."""
+        return decode(cls, data)
 
 
 class NumaStateFile:
@@ -91,27 +59,10 @@ class NumaStateFile:
         self.path = os.path.join(state_dir, filename)
 
     def load(self) -> Optional[List[AllocationRecord]]:
-        """The saved allocations; None when there is no file or it was unusable (a corrupt
-        file is moved aside with a log line; the caller rebuilds from containerd)."""
-        data = load_json_state(self.path)
-        if data is None:
-            return None
-        try:
-            if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-                raise ValueError(f"unknown format version {data.get('version') if isinstance(data, dict) else None!r}")
-            items = data.get("allocations")
-            if not isinstance(items, list):
-                raise ValueError("allocations is not a list")
-            return [AllocationRecord.from_json(item) for item in items]
-        except (ValueError, TypeError) as e:
-            aside = f"{self.path}.corrupt-{int(time.time())}"
-            try:
-                os.replace(self.path, aside)
-            except OSError:
-                aside = "(could not move it aside)"
-            log.error("NUMA state file has unexpected content; moved aside, rebuilding from containerd",
-                      path=self.path, moved_to=aside, error=str(e))
-            return None
+        """The saved allocations; None when there is no file or it was unusable (moved
+        aside with a log line; the caller rebuilds from containerd)."""
+        return load_json_state(self.path, FORMAT_VERSION,
+                               lambda data: decode_list(AllocationRecord, data.get("allocations"), "allocations"))
 
     def save(self, records: List[AllocationRecord]) -> None:
         """Replace the file atomically and durably (raises OSError when it cannot)."""

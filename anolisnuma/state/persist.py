@@ -2,8 +2,15 @@
 
 A state file is written to a temporary file in the same directory, fsynced, renamed over
 the old one, and the directory is fsynced: after a crash or ``kill -9`` the file is either
-the old or the new version, never a torn one. A file that does not parse is moved aside
-(``<name>.corrupt-<time>``) with a log line, and the caller rebuilds from containerd.
+the old or the new version, never a torn one.
+
+Reading one back trusts nothing about what is at the path: it must be a regular file, not
+a symbolic link (the daemon only ever renames its own files there), of at most
+:data:`STATE_MAX_BYTES`, whose JSON is an object of the expected format version and whose
+records decode. Anything else (torn, hand-edited, a FIFO or a directory put there) is moved
+aside (``<name>.corrupt-<time>``) with one error line saying what is wrong, and the caller
+starts empty: the start-up resync rebuilds everything from containerd. The daemon must
+start whatever it finds, or the kubelet has no runtime.
 """
 
 from __future__ import annotations
@@ -12,11 +19,19 @@ import json
 import os
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Optional, TypeVar
 
 import structlog
 
+from anolisnuma.fileread import MIB, RefusedFile, read_regular_file
+
 log = structlog.get_logger("anolisnuma.state")
+
+T = TypeVar("T")
+
+# Far above what a full node needs: Kubernetes caps a pod's annotations at 256 KiB, and
+# store.json with 250 pods carrying that much is 64 MiB; numa.json is smaller still.
+STATE_MAX_BYTES = 256 * MIB
 
 
 def atomic_write_json(path: str, data: Any) -> None:
@@ -51,19 +66,32 @@ def atomic_write_bytes(path: str, data: bytes, mode: int = 0o600) -> None:
         os.close(dfd)
 
 
-def load_json_state(path: str) -> Optional[Any]:
-    """The parsed content of ``path``; None when it is absent or was corrupt (moved aside)."""
+def load_json_state(path: str, version: int, decode: Callable[[Dict[str, Any]], T]) -> Optional[T]:
+    """``decode(content)`` of the JSON object in ``path`` whose ``"version"`` is ``version``;
+    ``decode`` raises ValueError or TypeError saying what is wrong. None when there is no
+    file, or when it was unusable: then it is moved aside with one error line."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        data = json.loads(read_regular_file(path, STATE_MAX_BYTES, follow_symlinks=False))
+        if not isinstance(data, dict) or data.get("version") != version:
+            found = data.get("version") if isinstance(data, dict) else None
+            raise ValueError(f"not a format version {version} state file (version {found!r})")
+        return decode(data)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
-        aside = f"{path}.corrupt-{int(time.time())}"
-        try:
-            os.replace(path, aside)
-        except OSError:
-            aside = "(could not move it aside)"
-        log.error("state file is corrupt; moved aside, rebuilding from containerd",
-                  path=path, moved_to=aside, error=str(e))
+    except (OSError, RefusedFile, ValueError, TypeError, RecursionError) as e:  # RecursionError: [[[[...
+        _move_aside(path, e)
         return None
+
+
+def _move_aside(path: str, error: Exception) -> None:
+    aside = stem = f"{path}.corrupt-{int(time.time())}"
+    n = 0
+    while os.path.lexists(aside):   # two in one second: replacing the first would lose it
+        n += 1
+        aside = f"{stem}.{n}"
+    try:
+        os.replace(path, aside)
+    except OSError:
+        aside = "(could not move it aside)"
+    log.error("state file is corrupt; moved aside, rebuilding from containerd",
+              path=path, moved_to=aside, error=str(error))

@@ -13,13 +13,13 @@ import dataclasses
 import json
 import os
 import threading
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import structlog
 
 from anolisnuma.controller import Controller
 from anolisnuma.state.persist import atomic_write_bytes, load_json_state
-from anolisnuma.state.records import ContainerRecord, PodRecord
+from anolisnuma.state.records import ContainerRecord, PodRecord, decode_list
 
 log = structlog.get_logger("anolisnuma.state")
 
@@ -104,20 +104,14 @@ class Store:
 
     # ---------------------------------------------------------------- persistence
     def load(self) -> bool:
-        """Read the state file; False when there was none or it was corrupt."""
+        """Read the state file; False when there was none or it was unusable (moved aside
+        with a log line: the store starts empty and the start-up resync fills it)."""
         if not self._path:
             return False
-        data = load_json_state(self._path)
-        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-            if data is not None:
-                log.warning("state file has an unknown format; ignoring it", path=self._path)
+        loaded = load_json_state(self._path, FORMAT_VERSION, _decode)
+        if loaded is None:
             return False
-        try:
-            pods = [PodRecord.from_json(p) for p in data.get("pods", [])]
-            containers = [ContainerRecord.from_json(c) for c in data.get("containers", [])]
-        except (TypeError, ValueError) as e:
-            log.error("state file content is invalid; ignoring it", path=self._path, error=str(e))
-            return False
+        pods, containers = loaded
         with self._lock:
             self._pods = {p.sandbox_id: p for p in pods}
             self._containers = {c.container_id: c for c in containers}
@@ -187,6 +181,11 @@ class StoreWriter(Controller):
 
     def run_once(self) -> None:
         self.store.write()
+
+
+def _decode(data: Dict[str, Any]) -> Tuple[List[PodRecord], List[ContainerRecord]]:
+    return (decode_list(PodRecord, data.get("pods", []), "pods"),
+            decode_list(ContainerRecord, data.get("containers", []), "containers"))
 
 
 def _encode(record: dict) -> str:

@@ -203,4 +203,5 @@ def test_with_no_thread_to_be_had_every_pod_still_gets_its_placement_or_is_refus
     assert threads <= held
     pools = status["threads"]["pools"]
     assert pools["hook"] == {"threads": 8, "size": 8} and pools["admin"] == {"threads": 2, "size": 2}
+    assert pools["reload"] == {"threads": 1, "size": 1}
     assert status["threads"]["total"] <= held
