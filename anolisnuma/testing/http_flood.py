@@ -14,10 +14,8 @@ answers each with one JSON line on stdout:
     :data:`CONNECT_TIMEOUT` seconds, is replaced. Answered once each of the first N
     attempts has connected or failed: ``{"held": H, "failed": F}``.
 ``held``
-    ``{"open": O, "connecting": C, "opened": N, "closed_by_peer": P, "failed": F}``.
-``wait-closed SECONDS``
-    stop replacing; answered (the same fields and ``seconds``) once nothing is open or
-    connecting any more, or after SECONDS.
+    ``{"open": O, "connecting": C, "opened": N, "closed_by_peer": P, "dropped": D,
+    "failed": F}`` (``dropped``: closed by the peer without a byte of answer).
 ``release``
     stop and close everything; ``{"released": N}``.
 ``scrape K M``
@@ -43,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 UNFINISHED = b"GET /metrics HTTP/1.1\r\nHost: anolisnuma\r\nUser-Agent: http_flood\r\n"
 SCRAPE = b"GET /metrics HTTP/1.1\r\nHost: anolisnuma\r\nConnection: close\r\n\r\n"
@@ -74,13 +72,11 @@ class Holder:
         self.open: Dict[int, socket.socket] = {}
         self.target = 0            # how many to keep
         self.until = 0.0
-        self.counts = dict.fromkeys(("opened", "closed_by_peer", "failed"), 0)
+        self.answered: Set[int] = set()   # open connections the peer wrote something on
+        self.counts = dict.fromkeys(("opened", "closed_by_peer", "dropped", "failed"), 0)
 
     def keep(self, n: int, seconds: float) -> None:
         self.target, self.until = n, time.monotonic() + seconds
-
-    def stop(self) -> None:
-        self.target = 0
 
     @property
     def busy(self) -> int:
@@ -124,9 +120,14 @@ class Holder:
             return
         except OSError:
             data = b""
-        if not data:   # an answer (503, 431) may come first: the close is what counts
-            self._forget(fd, self.open.pop(fd))
-            self.counts["closed_by_peer"] += 1
+        if data:   # an answer (503, 431): the close follows
+            self.answered.add(fd)
+            return
+        self._forget(fd, self.open.pop(fd))
+        self.counts["closed_by_peer"] += 1
+        if fd not in self.answered:
+            self.counts["dropped"] += 1
+        self.answered.discard(fd)
 
     def expire(self) -> None:
         """Give up connects that did not complete: the peer's backlog is full."""
@@ -143,6 +144,7 @@ class Holder:
             self._forget(fd, s)
         self.open.clear()
         self.connecting.clear()
+        self.answered.clear()
         self.target = 0
         return n
 
@@ -210,7 +212,7 @@ class _Session:
         self.holder = holder
         self.host, self.port = host, port
         self.pending = b""
-        self.waiting: Optional[Dict[str, Any]] = None   # a hold or wait-closed not answered yet
+        self.waiting: Optional[Dict[str, Any]] = None   # a hold not answered yet
 
     def run(self) -> None:
         stdin = sys.stdin.fileno()
@@ -239,13 +241,9 @@ class _Session:
         if command == "hold":
             start = dict(h.counts)
             h.keep(int(args[0]), float(args[1]))
-            self.waiting = {"kind": "hold", "n": int(args[0]), "start": start}
+            self.waiting = {"n": int(args[0]), "start": start}
         elif command == "held":
             _say(h.state())
-        elif command == "wait-closed":
-            h.stop()
-            self.waiting = {"kind": "closed", "deadline": time.monotonic() + float(args[0]),
-                            "started": time.monotonic()}
         elif command == "release":
             _say({"released": h.release()})
         elif command == "scrape":
@@ -257,14 +255,10 @@ class _Session:
         w, h = self.waiting, self.holder
         if w is None:
             return
-        if w["kind"] == "hold":
-            held = h.counts["opened"] - w["start"]["opened"]
-            failed = h.counts["failed"] - w["start"]["failed"]
-            if held + failed >= w["n"] or h.target == 0:
-                _say({"held": held, "failed": failed})
-                self.waiting = None
-        elif h.busy == 0 or time.monotonic() >= w["deadline"]:
-            _say(dict(h.state(), seconds=round(time.monotonic() - w["started"], 3)))
+        held = h.counts["opened"] - w["start"]["opened"]
+        failed = h.counts["failed"] - w["start"]["failed"]
+        if held + failed >= w["n"] or h.target == 0:
+            _say({"held": held, "failed": failed})
             self.waiting = None
 
 

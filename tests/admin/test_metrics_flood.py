@@ -27,7 +27,7 @@ FD_LIMIT = 256
 HALF_SENT = 400             # more than FD_LIMIT
 THREAD_GROWTH = 2           # what the flood may add to the daemon's threads
 FD_GROWTH = 32              # and to its fds (the endpoint serves a few connections at once)
-SCRAPERS, SCRAPES_EACH = 12, 25
+SCRAPERS, SCRAPES_EACH = 12, 5
 SLOWDOWN = 3.0              # CRI p50 during the scrape flood, as a multiple of the p50 before
 VERSION = "/runtime.v1.RuntimeService/Version"
 
@@ -135,9 +135,9 @@ def test_half_sent_requests_of_a_local_user_cost_the_daemon_no_thread_and_no_fd(
         assert during["open"] + during["connecting"] == HALF_SENT, during   # still at full strength
         assert peak.threads <= threads0 + THREAD_GROWTH, f"{peak.threads} threads, {threads0} before the flood"
         assert peak.fds <= fds0 + FD_GROWTH, f"{peak.fds} fds, {fds0} before the flood"
-        # the flood stops re-opening; what it holds, the daemon drops (head timeout)
-        closed = flood.ask("wait-closed 120")
-        assert closed["open"] == 0 and closed["connecting"] == 0, closed
+        # the daemon drops what it took of the flood (head timeout) and refuses the rest
+        wait_until(lambda: flood.ask("held")["dropped"] >= 16, "the daemon to drop half-sent requests")
+        flood.ask("release")
     m = daemon.scrape()
     dropped = m[("anolisnuma_metrics_connections_total", (("outcome", "head_timeout"),))]
     refused = m[("anolisnuma_metrics_connections_total", (("outcome", "busy"),))]
