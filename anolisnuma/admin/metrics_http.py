@@ -167,6 +167,8 @@ class MetricsServer:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
+            except ConnectionAbortedError:   # gone before it was accepted
+                continue
             except OSError as e:
                 if e.errno not in _OUT_OF_FDS:
                     raise
