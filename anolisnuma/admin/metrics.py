@@ -3,8 +3,9 @@
 :class:`DaemonCollector` turns what the daemon counts anyway (the interceptor's counters
 and latency histograms, the relay's counters and buffer budget, the NUMA ledger, the
 reconcilers' totals) into metric families at scrape time: a CRI call pays nothing for
-metrics beyond those counters, scraped or not. :class:`MetricsServer` serves them on
-``[metrics] listen`` from a thread of its own, never the event loop.
+metrics beyond those counters, scraped or not.
+:class:`~anolisnuma.admin.metrics_http.MetricsServer` serves them on ``[metrics] listen``,
+collected at most once a second on a worker thread, never on the event loop.
 
 Families (all prefixed ``anolisnuma_``):
 
@@ -40,23 +41,20 @@ Families (all prefixed ``anolisnuma_``):
 ``controller_events_total``               controller, event: a loop's own counts (e.g.
                                           numa-affinity samples, moves, moves_refused,
                                           moves_rolled_back)
+``metrics_connections_total``             outcome: what became of connections to the
+                                          endpoint itself (served, busy, rejected,
+                                          head_timeout, closed_early, write_timeout, failed)
+``metrics_collections_total``             times the daemon was collected for scrapes
 ========================================  ==============================================
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from socketserver import ThreadingMixIn
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.exposition import make_wsgi_app
-from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.registry import CollectorRegistry
 
 from anolisnuma import __version__
 from anolisnuma.admin import views
@@ -242,61 +240,4 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-# ---------------------------------------------------------------- HTTP
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # scrapes are not log lines
-        pass
-
-
-class MetricsServer:
-    """``MetricsServer(host, port, collector).start()``; ``address`` is where it listens
-    (port 0 is given a free one); ``stop()`` waits for the serving thread."""
-
-    def __init__(self, host: str, port: int, collector: Any) -> None:
-        self.host = host
-        self.port = port
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(collector)
-        ProcessCollector(registry=self.registry)   # the daemon's RSS, CPU time, open fds
-        self._server: Optional[WSGIServer] = None
-        self._thread: Optional[threading.Thread] = None
-
-    def start(self) -> "MetricsServer":
-        """Bind and serve; OSError when the address cannot be bound."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        server_class = type("_MetricsServer", (_Server,), {"address_family": family})
-        self._server = make_server(self.host, self.port, make_wsgi_app(self.registry), server_class,
-                                   handler_class=_QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="metrics-http", daemon=True)
-        self._thread.start()
-        return self
-
-    @property
-    def address(self) -> Tuple[str, int]:
-        assert self._server is not None
-        return self.host, self._server.server_address[1]
-
-    @property
-    def url(self) -> str:
-        host, port = self.address
-        return f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
-
-    def stop(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-
-__all__ = ["DaemonCollector", "MetricsServer"]
+__all__ = ["DaemonCollector", "P"]

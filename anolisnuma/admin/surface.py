@@ -7,7 +7,6 @@ error line and the daemon goes on relaying without it.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
@@ -19,7 +18,7 @@ from anolisnuma.config import is_loopback
 from anolisnuma.transport.listener import ListenerError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from anolisnuma.admin.metrics import MetricsServer
+    from anolisnuma.admin.metrics_http import MetricsServer
     from anolisnuma.daemon import Daemon
 
 log = structlog.get_logger("anolisnuma.admin")
@@ -47,15 +46,16 @@ class AdminSurface:
                 self.server = server
                 log.info("admin socket listening", socket=cfg.admin.socket)
         if cfg.metrics.listen:
-            self._start_metrics()
+            await self._start_metrics()
 
-    def _start_metrics(self) -> None:
+    async def _start_metrics(self) -> None:
         cfg = self.daemon.config.metrics
         host, port = cfg.address
         try:
-            from anolisnuma.admin.metrics import DaemonCollector, MetricsServer
+            from anolisnuma.admin.metrics import DaemonCollector
+            from anolisnuma.admin.metrics_http import MetricsServer
 
-            self.metrics = MetricsServer(host, port, DaemonCollector(self.daemon, self.started)).start()
+            self.metrics = await MetricsServer(host, port, DaemonCollector(self.daemon, self.started)).start()
         except (OSError, ImportError) as e:
             log.error("metrics endpoint unavailable; running without it", listen=cfg.listen, error=str(e))
             self.metrics = None
@@ -75,8 +75,7 @@ class AdminSurface:
             self.server = None
         if self.metrics is not None:
             metrics, self.metrics = self.metrics, None
-            # shutdown() waits for the serving thread's next poll: not on the event loop
-            await asyncio.get_running_loop().run_in_executor(None, metrics.stop)
+            await metrics.stop()
         if self.commands is not None:
             self.commands.close()
             self.commands = None
