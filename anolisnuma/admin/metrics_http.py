@@ -39,7 +39,6 @@ import asyncio
 import errno
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Any, Callable, Dict, Iterator, Optional, Set, Tuple
 
@@ -51,6 +50,7 @@ from prometheus_client.registry import CollectorRegistry
 from anolisnuma.admin.httphead import MAX_LINE_BYTES, ClientGone, HttpError, read_request, response
 from anolisnuma.admin.metrics import P
 from anolisnuma.admin.scrape import SCRAPE_INTERVAL, Form, ScrapeCache, content_headers
+from anolisnuma.workers import WorkerPool
 
 log = structlog.get_logger("anolisnuma.admin")
 
@@ -93,8 +93,9 @@ class MetricsServer:
         self.registry.register(collector)
         ProcessCollector(registry=self.registry)   # the daemon's RSS, CPU time, open fds
         self.registry.register(_EndpointCollector(self))
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="metrics-collect")
-        self.scrapes = ScrapeCache(self.registry, self._executor, scrape_interval)
+        # one thread, started now: a scrape never needs a new one (anolisnuma.workers)
+        self.executor = WorkerPool(1, "metrics-collect")
+        self.scrapes = ScrapeCache(self.registry, self.executor, scrape_interval)
         self._rate = _TokenBucket(accepts_per_second, accept_burst)
         self._sock: Optional[socket.socket] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -133,7 +134,7 @@ class MetricsServer:
             task.cancel()
         if serving:
             await asyncio.gather(*serving, return_exceptions=True)
-        self._executor.shutdown(wait=False)   # a collection under way ends by itself
+        self.executor.shutdown(wait=False)   # a collection under way ends by itself
 
     # ---------------------------------------------------------------- accepting
     def _watch(self) -> None:

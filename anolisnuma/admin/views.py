@@ -100,9 +100,11 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
 
 def _pools(daemon: "Daemon") -> List[WorkerPool]:
     pools = [daemon.executor, daemon.reload_pool]
-    commands = daemon.admin.commands
+    commands, metrics = daemon.admin.commands, daemon.admin.metrics
     if commands is not None:
         pools.append(commands.executor)
+    if metrics is not None:
+        pools.append(metrics.executor)
     return [p for p in pools if isinstance(p, WorkerPool)]
 
 
