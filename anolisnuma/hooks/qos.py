@@ -22,6 +22,8 @@ RunPodSandbox failed for good (admitted in pre, it never got a sandbox).
 containerd creates a container's cgroup when the container's task is created, which is
 during StartContainer, so the container knobs usually land in StartContainer post; the
 earlier attempts cost one failed ``open`` each and cover runtimes that create it sooner.
+A container that ended before its post-hook ran (stopped right after it started, or done
+at once) has no cgroup left: that is said at info, nothing is wrong.
 
 Errors: a refused write (read-only file, EINVAL, ...) is collected while the other knobs
 are still written, then raised as :class:`QosApplyError` -- the pipeline logs it and goes
@@ -402,10 +404,23 @@ class QosHook(Hook, PodStateHolder):
             report = self.applier.apply_container(pod, ctr, compare=False)
             reports.append(report)
             if report.gone:
-                self.log.warning("container cgroup not found after start; knobs not written",
-                                 pod=pod.ref, container=ctr.container_id, path=ctr.rel)
+                self._cgroup_gone_after_start(pod, ctr)
         self.applier.sweep_tasks(pod, ctr)
         self._raise_errors(pod.ref, *reports)
+
+    def _cgroup_gone_after_start(self, pod: ManagedPod, ctr: ManagedContainer) -> None:
+        """A started container without a cgroup: under a pod cgroup that is there, the
+        container ended already (runc removes its cgroup when it stops: a StopContainer
+        right after StartContainer, or a command that is done at once); nothing is wrong.
+        Without the pod's cgroup either, the pod went too, or the cgroups are not where
+        they are looked for: warned."""
+        if self.cgroups.exists(pod.cgroup.rel) or self.cgroups.exists(pod.cgroup.rel, "memory"):
+            self.log.info("container ended before its knobs were written (its cgroup is gone: stopped "
+                          "or exited right after it started); nothing to apply",
+                          pod=pod.ref, container=ctr.container_id, path=ctr.rel)
+        else:
+            self.log.warning("container cgroup not found after start; knobs not written",
+                             pod=pod.ref, container=ctr.container_id, path=ctr.rel)
 
     # ------------------------------------------------------------------ resync
     def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],

@@ -317,6 +317,20 @@ def test_a_pod_whose_run_failed_is_held_by_its_uid_until_the_reaper_forgets_it(n
     assert len(hook.state) == 0 and hook.held() == PodKeys()
 
 
+def test_a_container_that_ended_before_its_start_post_hook_is_said_at_info(node):
+    """StopContainer right after StartContainer: runc removed the cgroup before the
+    post-hook ran. Under a pod cgroup that is there, that is no problem."""
+    hook = QosHook(config(), node.paths)
+    pod = Pod(node, hook)
+    pod.run()
+    cid = pod.create()
+    with capture_logs() as logs:
+        pod.start(cid, make=False)
+    lines = [e for e in logs if "container" in e["event"] and e.get("container") == cid]
+    assert [e["log_level"] for e in lines] == ["info"], lines
+    assert lines[0]["event"].startswith("container ended before its knobs were written")
+
+
 def test_unknown_cgroup_parent_is_skipped_without_error(node):
     hook = QosHook(config(), node.paths)
     cfg = pb.PodSandboxConfig()
