@@ -25,7 +25,7 @@ from anolisnuma.pipeline.decision import Decision
 from anolisnuma.pipeline.context import container_from_create, describe, pod_from_sandbox_config, resources_of
 from anolisnuma.pipeline.journal import JournalEntry, PodJournal
 from anolisnuma.pipeline.metrics import Counters, LatencyStats
-from anolisnuma.pipeline.podlocks import PodLocks
+from anolisnuma.pipeline.podlocks import PodLock, PodLocks
 from anolisnuma.pipeline.recent import RecentCalls
 from anolisnuma.state.gone import PodGone, Reaper
 from anolisnuma.state.records import PodRecord
@@ -323,7 +323,7 @@ class Interceptor:
     def _overran(self, name: str) -> None:
         self._overrunning[name] -= 1
 
-    def _lock_for(self, call: H.Call) -> Any:
+    def _lock_for(self, call: H.Call) -> PodLock:
         if call.pod is not None:
             return self.pod_locks.hold(call.pod.uid, call.pod.sandbox_id)
         return self.pod_locks.hold("", call.container.sandbox_id if call.container is not None else "")

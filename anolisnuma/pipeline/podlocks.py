@@ -4,7 +4,7 @@ order the calls came (a CreateContainer pre-hook sees what the RunPodSandbox pos
 A pod is keyed by its UID, or by its sandbox ID while the pipeline knows no UID for it
 (an ID-only call for a pod the store never saw); calls that name no pod at all share one
 lock. A lock is dropped when the :class:`~anolisnuma.state.gone.Reaper` says its pod is
-gone, unless a call holds or waits for it then (the next resync drops it then). The locks
+gone, unless a call holds or waits for it then (the next resync drops it). The locks
 belong to the event loop: :meth:`PodLocks.forget`, called from any thread, drops them on
 the loop, where no call can be between finding a lock and taking it.
 """
@@ -21,12 +21,12 @@ class PodLocks(PodStateHolder):
     name = "pod_locks"
 
     def __init__(self) -> None:
-        self._by_uid: Dict[str, _PodLock] = {}
-        self._by_sandbox: Dict[str, _PodLock] = {}
-        self._anonymous = _PodLock()
+        self._by_uid: Dict[str, PodLock] = {}
+        self._by_sandbox: Dict[str, PodLock] = {}
+        self._anonymous: Optional[PodLock] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
 
-    def hold(self, uid: str, sandbox_id: str) -> "_PodLock":
+    def hold(self, uid: str, sandbox_id: str) -> "PodLock":
         """``async with locks.hold(uid, sandbox_id):`` the pod ``uid`` (or, without one,
         ``sandbox_id``) is this call's until the block ends; event loop only."""
         self._loop = asyncio.get_running_loop()
@@ -35,10 +35,12 @@ class PodLocks(PodStateHolder):
         elif sandbox_id:
             table, key = self._by_sandbox, sandbox_id
         else:
+            if self._anonymous is None:
+                self._anonymous = PodLock()
             return self._anonymous
         lock = table.get(key)
         if lock is None:
-            lock = table[key] = _PodLock()
+            lock = table[key] = PodLock()
         return lock
 
     # ---------------------------------------------------------------- PodStateHolder
@@ -68,7 +70,7 @@ class PodLocks(PodStateHolder):
                     del table[key]
 
 
-class _PodLock:
+class PodLock:
     """An asyncio lock that counts the calls holding or waiting for it: an unlocked lock
     may still have a waiter about to take it (asyncio wakes the next waiter on release),
     and dropping it then would let that waiter and a later call run side by side."""
@@ -76,6 +78,8 @@ class _PodLock:
     __slots__ = ("_lock", "users")
 
     def __init__(self) -> None:
+        # made on the event loop (by PodLocks.hold): on Python 3.9 a lock binds to the
+        # loop current where it is made
         self._lock = asyncio.Lock()
         self.users = 0
 
