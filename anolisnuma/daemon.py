@@ -234,7 +234,8 @@ class Daemon:
         loop = asyncio.get_running_loop()
         resync = self.runtime_resync = RuntimeResync(
             lambda: self._connect(30.0), self.store, [], self.interceptor.recent,
-            self.config.runtime.resync_interval_seconds, opted_out=self.interceptor.opted_out)
+            self.config.runtime.resync_interval_seconds, opted_out=self.interceptor.opted_out,
+            reaper=self.interceptor.reaper)
         while True:
             try:
                 pods, containers = await loop.run_in_executor(self.executor, resync.listing)
@@ -252,6 +253,8 @@ class Daemon:
                 log.error("hook could not start; it stays passive", hook=hook.name, error=repr(e))
                 continue
             resync.hooks.append(hook)
+            for holder in hook.holders():   # told what is gone from now on
+                self.interceptor.reaper.add(holder)
             for controller in loops:   # all registered first: a cancelled start-up still stops them
                 self.controllers.add(controller)
             for controller in loops:

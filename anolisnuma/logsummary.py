@@ -22,7 +22,7 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Hashable, Optional
+from typing import Any, Callable, Dict, Hashable, List, Optional
 
 # Distinct keys tracked in one interval; the events of any further key are counted
 # together under OTHER_KEY, without a line of their own. Keys are meant to be few
@@ -154,6 +154,15 @@ class FirstTime:
             if len(self._seen) > self.max_keys:
                 self._seen.popitem(last=False)
             return True
+
+    def owners(self) -> List[Hashable]:
+        """The first item of every tuple key (the pods something was seen for)."""
+        with self._lock:
+            return list({k[0] for k in self._seen if isinstance(k, tuple) and k})
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._seen)
 
     def forget(self, owner: Hashable) -> None:
         """Forget every key ``(owner, ...)`` (the pod is gone)."""

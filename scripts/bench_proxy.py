@@ -170,12 +170,14 @@ class ProxyProc:
 
     def __init__(self, name: str, workdir: str, endpoint: str,
                  numa_nodes: Optional[Dict[int, str]] = None, numa_namespace: str = "",
-                 tree: str = REPO) -> None:
+                 tree: str = REPO, config: Optional[Dict[str, Any]] = None) -> None:
         """No hook unless ``numa_nodes`` (node id -> CPU list) is given: then the NUMA hook
         is on for ``numa_namespace`` over a fake topology of those nodes (written under
         the proxy's directory as its ``paths.sys_root``; every other host path is fake
         too), with memory pinning off and the default memory budgets. ``tree``: the
-        source tree it runs from (``--proxy-tree`` gives a second one to compare with)."""
+        source tree it runs from (``--proxy-tree`` gives a second one to compare with).
+        ``config``: a whole configuration to run instead (its socket, log file and state
+        directory become this proxy's)."""
         self.name = name
         self.tree = tree
         self.dir = os.path.join(workdir, name)
@@ -200,6 +202,11 @@ class ProxyProc:
             # several proxies run at once: none takes the node's admin socket
             "admin": {"socket": ""},
         }
+        if config is not None:
+            data = {k: dict(v) if isinstance(v, dict) else v for k, v in config.items()}
+            data.setdefault("server", {})["listen"] = self.socket
+            data.setdefault("paths", {})["state_dir"] = os.path.join(self.dir, "state")
+            data["log"] = {"file": self.log_path, "level": "info", "stderr": False}
         if self.numa_nodes:
             from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 
@@ -1378,42 +1385,43 @@ class Bench:
         self.results["hostile"] = out
 
     # ---- report
-    def machine(self) -> Dict[str, str]:
-        try:
-            ctrd = subprocess.run(["containerd", "--version"], capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except OSError:
-            ctrd = "?"
-        try:
-            runc = subprocess.run(["runc", "--version"], capture_output=True, text=True,
-                                  timeout=10).stdout.splitlines()[0]
-        except (OSError, IndexError):
-            runc = "?"
-        cpu = "?"
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        cpu = line.split(":", 1)[1].strip()
-                        break
-        except OSError:
-            pass
-        grpc_go = "?"
-        try:
-            with open("/usr/share/gocode/src/google.golang.org/grpc/version.go") as f:
-                for line in f:
-                    if line.startswith("const Version"):
-                        grpc_go = line.split('"')[1]
-        except (OSError, IndexError):
-            pass
-        return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "nproc": str(os.cpu_count()),
-                "grpc_go": grpc_go,
-                "cpu": cpu, "kernel": platform.release(), "python": platform.python_version(),
-                "grpcio": grpc.__version__, "containerd": ctrd, "runc": runc,
-                "mem_total_gb": f"{psutil.virtual_memory().total / 2**30:.1f}",
-                "loadavg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-                # CPU busy (all processes) over 1 s before anything of ours runs.
-                "cpu_busy_before_pct": f"{psutil.cpu_percent(interval=1.0):.0f}"}
+def machine() -> Dict[str, str]:
+    """The machine, its load and the versions of what the benchmark runs, for the report."""
+    try:
+        ctrd = subprocess.run(["containerd", "--version"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    except OSError:
+        ctrd = "?"
+    try:
+        runc = subprocess.run(["runc", "--version"], capture_output=True, text=True,
+                              timeout=10).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        runc = "?"
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    grpc_go = "?"
+    try:
+        with open("/usr/share/gocode/src/google.golang.org/grpc/version.go") as f:
+            for line in f:
+                if line.startswith("const Version"):
+                    grpc_go = line.split('"')[1]
+    except (OSError, IndexError):
+        pass
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "nproc": str(os.cpu_count()),
+            "grpc_go": grpc_go,
+            "cpu": cpu, "kernel": platform.release(), "python": platform.python_version(),
+            "grpcio": grpc.__version__, "containerd": ctrd, "runc": runc,
+            "mem_total_gb": f"{psutil.virtual_memory().total / 2**30:.1f}",
+            "loadavg_at_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            # CPU busy (all processes) over 1 s before anything of ours runs.
+            "cpu_busy_before_pct": f"{psutil.cpu_percent(interval=1.0):.0f}"}
 
 
 # --------------------------------------------------------------------------- the previous full run
@@ -1770,7 +1778,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     b = Bench(args.quick, compare)
     b.results["mode"] = "quick" if args.quick else "full"
     b.results["command"] = " ".join(["scripts/bench_proxy.py"] + (argv if argv is not None else sys.argv[1:]))
-    b.results["machine"] = b.machine()
+    b.results["machine"] = machine()
     b.results["proxy_commit"] = tree_commit(REPO)
     if compare:
         b.results["proxy_tree"] = compare

@@ -94,6 +94,7 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
         "controllers": daemon.controllers.status(),
         "journal_pods": len(daemon.interceptor.journal),
         "threads": census(_pools(daemon)),
+        "structures": structures(daemon),
         **surfaces,
     }
 
@@ -106,6 +107,16 @@ def _pools(daemon: "Daemon") -> List[WorkerPool]:
     if metrics is not None:
         pools.append(metrics.executor)
     return [p for p in pools if isinstance(p, WorkerPool)]
+
+
+def structures(daemon: "Daemon") -> Dict[str, Dict[str, int]]:
+    """The size of everything the daemon keeps per pod, sandbox, container or call, by
+    holder: the store, what calls named lately, and every holder the daemon's Reaper tells
+    what is gone. Each is 0 on a node with no pods, once a resync found them gone."""
+    store = daemon.store
+    return {"store": {"pods": len(store.pods()), "containers": len(store.containers())},
+            "recent_calls": {"ids": len(daemon.interceptor.recent)},
+            **daemon.interceptor.reaper.structures()}
 
 
 def reconcilers(daemon: "Daemon") -> Dict[str, Any]:

@@ -10,6 +10,12 @@ the gRPC message framing and status.
 A call that fails raises :class:`CallError` (``code()`` with a ``.name`` such as
 ``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``NOT_FOUND``, ``RESOURCE_EXHAUSTED``;
 ``details()``). A connection that fails is dropped and made again by the next call.
+
+A connection lives as long as the loop that owns it (the re-pinner's, for days), one
+stream per call: its protocol state must not grow with the calls. h2 remembers how each
+closed stream ended, to answer frames still in flight for it, up to 65,536 streams (about
+8 MB); with one call at a time only the last few can still see such frames, so
+:class:`_Connection` keeps :data:`CLOSED_STREAMS_KEPT`.
 """
 
 from __future__ import annotations
@@ -36,6 +42,16 @@ StatusCode = enum.IntEnum("StatusCode", [(name, code) for name, code in sorted(g
 # Large windows: a 16 MiB reply needs no round trip per 64 KiB (the defaults).
 _WINDOW = 16 << 20
 _READ = 256 << 10
+# Closed streams whose end h2 remembers: frames containerd sent before it saw our reset
+# (a reply over the size limit) arrive within the next call or two.
+CLOSED_STREAMS_KEPT = 16
+
+
+class _Connection(h2.connection.H2Connection):
+    """h2's client connection with a short memory of closed streams (see the module
+    docstring); h2 sizes that history by this class attribute."""
+
+    MAX_CLOSED_STREAMS = CLOSED_STREAMS_KEPT
 
 
 class CallError(Exception):
@@ -135,7 +151,7 @@ class UnaryChannel:
         try:
             sock.settimeout(_left(deadline))
             sock.connect(self.path)
-            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+            conn = _Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
             conn.local_settings = h2.settings.Settings(client=True, initial_values={
                 h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _WINDOW,
                 h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 1 << 20,

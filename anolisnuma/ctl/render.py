@@ -102,6 +102,11 @@ def status(r: Dict[str, Any]) -> str:
         failing = [(name, v["last_error"]) for name, v in loops.items() if v.get("last_error")]
         if failing:
             blocks.append(table(["LOOP", "LAST ERROR"], failing))
+    structures = r.get("structures") or {}
+    if structures:   # every size shown, zeros too: they say nothing outlived its pod
+        blocks.append(table(["KEPT PER POD BY", "SIZES"],
+                            [[holder, ", ".join(f"{k} {n}" for k, n in sizes.items()) or "-"]
+                             for holder, sizes in structures.items()]))
     return lines(*blocks)
 
 

@@ -25,7 +25,7 @@ rule files, the re-pinner, and traffic affinity when ``[numa.affinity]`` is on.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Container, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Container, List, Optional
 
 import structlog
 
@@ -40,11 +40,15 @@ from anolisnuma.policies.numa.balance import PodRequest, millicpu_of
 from anolisnuma.policies.numa.config import NumaConfig
 from anolisnuma.policies.numa.ledger import ContainerShare
 from anolisnuma.policies.numa.topology import NumaTopology
+from anolisnuma.state.gone import PodStateHolder
 from anolisnuma.state.numa_state import NumaStateFile
 from anolisnuma.state.records import PodRecord
 from anolisnuma.system.cgroups import CgroupFs
 from anolisnuma.system.kubelet_state import CpuManagerStateFile
 from anolisnuma.system.sysfs_topology import read_sysfs_topology
+
+if TYPE_CHECKING:   # imported when affinity is on (it brings the traffic observer)
+    from anolisnuma.reconcile.affinity import AffinityController
 
 log = structlog.get_logger("anolisnuma.numa")
 
@@ -76,6 +80,7 @@ class NumaHook(Hook):
         self.paths = paths
         self.methods = _METHODS if config.enabled else frozenset()
         self.placement: Optional[PlacementService] = None
+        self.affinity: Optional["AffinityController"] = None   # made by controllers() when on
         if not config.enabled:
             return
         self.placement = PlacementService(
@@ -98,10 +103,14 @@ class NumaHook(Hook):
         repinner = CpusetRepinner(self.placement, connect(None), applied=store.set_cpuset if store is not None else None)
         loops.append(repinner)
         if self.config.affinity.enabled:
-            affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner)
-            if affinity is not None:
-                loops.append(affinity)
+            self.affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner)
+            if self.affinity is not None:
+                loops.append(self.affinity)
         return loops
+
+    def holders(self) -> List[PodStateHolder]:
+        """The placement service (the ledger) and the affinity controller's caches."""
+        return [h for h in (self.placement, self.affinity) if h is not None]
 
     # ================================================================== pipeline entry points
     def wants_pre(self, method: str) -> bool:
@@ -225,7 +234,7 @@ def _pod_of(call: Call) -> Optional[PodRecord]:
 
 
 def _affinity_controller(service: PlacementService, config: NumaConfig, paths: PathsConfig,
-                         connect: Callable[[Optional[float]], Any], repinner: Any) -> Optional[Controller]:
+                         connect: Callable[[Optional[float]], Any], repinner: Any) -> Optional["AffinityController"]:
     from anolisnuma.reconcile.affinity import AffinityController, ContainerPids
     from anolisnuma.system.traffic import TrafficObserver
 

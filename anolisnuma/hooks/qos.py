@@ -11,14 +11,19 @@ CreateContainer        post   remember the container; write its knobs if its cgr
 StartContainer         pre    write the container's knobs if still missing
 StartContainer         post   write them if still missing; move its threads to the pod's
                               resctrl group
-RemoveContainer        post   forget the container
-StopPodSandbox,        post   forget the pod (once its last sandbox is gone)
-RemovePodSandbox
+StopPodSandbox         post   forget the sandbox (the pod with its last one)
 =====================  =====  =========================================================
+
+What is removed (through the proxy or behind its back) is forgotten when the daemon's
+:class:`~anolisnuma.state.gone.Reaper` says so: the hook is a
+:class:`~anolisnuma.state.gone.PodStateHolder`, and so also forgets a pod whose
+RunPodSandbox failed for good (admitted in pre, it never got a sandbox).
 
 containerd creates a container's cgroup when the container's task is created, which is
 during StartContainer, so the container knobs usually land in StartContainer post; the
 earlier attempts cost one failed ``open`` each and cover runtimes that create it sooner.
+A container that ended before its post-hook ran (stopped right after it started, or done
+at once) has no cgroup left: that is said at info, nothing is wrong.
 
 Errors: a refused write (read-only file, EINVAL, ...) is collected while the other knobs
 are still written, then raised as :class:`QosApplyError` -- the pipeline logs it and goes
@@ -38,8 +43,7 @@ from anolisnuma.config import PathsConfig
 from anolisnuma.controller import Controller
 from anolisnuma.logsummary import FirstTime
 from anolisnuma.pipeline.hooks import (
-    CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX, RUN_POD_SANDBOX, START_CONTAINER,
-    STOP_POD_SANDBOX, Call, Hook, HookRefused,
+    CREATE_CONTAINER, RUN_POD_SANDBOX, START_CONTAINER, STOP_POD_SANDBOX, Call, Hook, HookRefused,
 )
 from anolisnuma.policies.qos.config import QosConfig
 from anolisnuma.policies.qos.levels import QosLevel, resolve_level
@@ -48,6 +52,7 @@ from anolisnuma.policies.qos.resctrl import cbm_width, class_schemata, llc_class
 from anolisnuma.reconcile.qos import (
     ApplyReport, ManagedContainer, ManagedPod, QosApplier, QosReconciler, QosState, ReconcileCounts,
 )
+from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.system import knobs
 from anolisnuma.system.cgroups import (
@@ -75,12 +80,11 @@ def _str_map(m: Any) -> Dict[str, str]:
         return {}
 
 
-class QosHook(Hook):
+class QosHook(Hook, PodStateHolder):
     """``QosHook(config, paths)``; optional ``log`` (a structlog logger)."""
 
     name = "qos"
-    methods = frozenset({RUN_POD_SANDBOX, CREATE_CONTAINER, START_CONTAINER, REMOVE_CONTAINER,
-                         STOP_POD_SANDBOX, REMOVE_POD_SANDBOX})
+    methods = frozenset({RUN_POD_SANDBOX, CREATE_CONTAINER, START_CONTAINER, STOP_POD_SANDBOX})
 
     def __init__(self, config: QosConfig, paths: PathsConfig, *, log: Any = None) -> None:
         self.cfg = config
@@ -133,6 +137,30 @@ class QosHook(Hook):
 
     def close(self) -> None:
         self.reconciler.stop()
+
+    def holders(self) -> List[PodStateHolder]:
+        return [self] if self.cfg.enabled else []
+
+    # ------------------------------------------------------------------ PodStateHolder
+    def held(self) -> PodKeys:
+        uids, sandboxes, containers = self.state.keys()
+        return PodKeys.of(uids + [str(o) for o in self._warned.owners()], sandboxes, containers)
+
+    def forget(self, gone: PodGone) -> None:
+        with self._admission:
+            for cid in gone.container_ids:
+                self.state.forget_container(cid)
+            dropped = [self.state.forget_sandbox(sid) for sid in gone.sandbox_ids]
+            dropped += [self.state.forget_uid(uid) for uid in gone.uids]
+        for pod in dropped:
+            if pod is not None:
+                self.log.info("pod forgotten", pod=pod.ref, reason=gone.reason)
+        for uid in gone.uids:
+            self._warned.forget(uid)
+
+    def structures(self) -> Dict[str, int]:
+        return {"pods": len(self.state), "containers": self.state.container_count(),
+                "warned_once": len(self._warned)}
 
     def prepare(self) -> None:
         """Global set-up, once: sysctl and root switch, QoS-class directories, resctrl
@@ -278,19 +306,11 @@ class QosHook(Hook):
             self._post_create(call)
         elif m == START_CONTAINER:
             self._post_start(call)
-        elif m == REMOVE_CONTAINER:
-            cid = call.request.container_id
-            with self._admission:
-                forgotten = self.state.forget_container(cid)
-            if forgotten:
-                self.log.debug("container forgotten", container=preview(cid))
-        elif m in (STOP_POD_SANDBOX, REMOVE_POD_SANDBOX):
+        elif m == STOP_POD_SANDBOX:
             with self._admission:
                 pod = self.state.forget_sandbox(call.request.pod_sandbox_id)
             if pod is not None:
                 self.log.info("pod forgotten", pod=pod.ref, method=m)
-            if m == REMOVE_POD_SANDBOX and call.pod is not None:
-                self._warned.forget(call.pod.uid or call.pod.ref)
 
     # ------------------------------------------------------------------ pods
     def _pre_run_pod(self, call: Call) -> None:
@@ -384,10 +404,23 @@ class QosHook(Hook):
             report = self.applier.apply_container(pod, ctr, compare=False)
             reports.append(report)
             if report.gone:
-                self.log.warning("container cgroup not found after start; knobs not written",
-                                 pod=pod.ref, container=ctr.container_id, path=ctr.rel)
+                self._cgroup_gone_after_start(pod, ctr)
         self.applier.sweep_tasks(pod, ctr)
         self._raise_errors(pod.ref, *reports)
+
+    def _cgroup_gone_after_start(self, pod: ManagedPod, ctr: ManagedContainer) -> None:
+        """A started container without a cgroup: under a pod cgroup that is there, the
+        container ended already (runc removes its cgroup when it stops: a StopContainer
+        right after StartContainer, or a command that is done at once); nothing is wrong.
+        Without the pod's cgroup either, the pod went too, or the cgroups are not where
+        they are looked for: warned."""
+        if self.cgroups.exists(pod.cgroup.rel) or self.cgroups.exists(pod.cgroup.rel, "memory"):
+            self.log.info("container ended before its knobs were written (its cgroup is gone: stopped "
+                          "or exited right after it started); nothing to apply",
+                          pod=pod.ref, container=ctr.container_id, path=ctr.rel)
+        else:
+            self.log.warning("container cgroup not found after start; knobs not written",
+                             pod=pod.ref, container=ctr.container_id, path=ctr.rel)
 
     # ------------------------------------------------------------------ resync
     def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],

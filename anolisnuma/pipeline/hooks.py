@@ -27,6 +27,7 @@ from anolisnuma.state.records import ContainerRecord, PodRecord
 
 if TYPE_CHECKING:
     from anolisnuma.controller import Controller
+    from anolisnuma.state.gone import PodStateHolder
 
 
 class FailurePolicy(str, enum.Enum):
@@ -97,6 +98,12 @@ class Hook:
         registers, starts and stops them. ``connect(timeout_seconds)`` opens a new client
         to containerd (None: its default timeout) for a loop that calls it; ``store`` is
         the daemon's pod/container store, for a loop that changes containers itself."""
+        return []
+
+    def holders(self) -> List["PodStateHolder"]:
+        """What keeps state per pod for this hook (its own state, its loops' caches), called
+        by the daemon after :meth:`controllers`: the daemon's
+        :class:`~anolisnuma.state.gone.Reaper` tells each what is gone."""
         return []
 
     def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],

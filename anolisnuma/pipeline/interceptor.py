@@ -25,7 +25,9 @@ from anolisnuma.pipeline.decision import Decision
 from anolisnuma.pipeline.context import container_from_create, describe, pod_from_sandbox_config, resources_of
 from anolisnuma.pipeline.journal import JournalEntry, PodJournal
 from anolisnuma.pipeline.metrics import Counters, LatencyStats
+from anolisnuma.pipeline.podlocks import PodLock, PodLocks
 from anolisnuma.pipeline.recent import RecentCalls
+from anolisnuma.state.gone import PodGone, Reaper
 from anolisnuma.state.records import PodRecord
 from anolisnuma.state.store import Store
 from anolisnuma.workers import WorkerPool
@@ -58,7 +60,7 @@ class PipelineCall:
     through and :meth:`Interceptor.on_forwarded` only records it.
     """
 
-    __slots__ = ("spec", "started", "call", "skip_hooks", "log", "holds_request", "failures", "entry")
+    __slots__ = ("spec", "started", "call", "skip_hooks", "log", "holds_request", "failures", "entry", "gone")
 
     def __init__(self, spec: methods.MethodSpec, holds_request: bool = True) -> None:
         self.spec = spec
@@ -69,6 +71,7 @@ class PipelineCall:
         self.holds_request = holds_request
         self.failures: List[str] = []            # "<hook> <stage>: <error>", for the journal
         self.entry: Optional[JournalEntry] = None
+        self.gone: Optional[PodGone] = None      # what a successful removal ended
 
     @property
     def method(self) -> str:
@@ -93,6 +96,11 @@ class Interceptor:
         self.hook_stats = LatencyStats()    # (hook, stage, "ok" | "failed")
         self.journal = PodJournal()
         self.recent = RecentCalls()         # what calls named lately: a resync leaves it alone
+        self.pod_locks = PodLocks()
+        # decides what is gone (removals here, the resync) and tells every holder of pod state
+        self.reaper = Reaper(store)
+        self.reaper.add(self.pod_locks)
+        self.reaper.add(self.journal)
         self.hooks: List[H.Hook] = []
         self._pre: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
         self._post: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
@@ -101,7 +109,6 @@ class Interceptor:
         self._waiting: List["asyncio.Future[None]"] = []
         if hooks is not None:
             self.set_hooks(hooks)
-        self._pod_locks: Dict[str, asyncio.Lock] = {}
         self._skip_keys = tuple(config.skip_keys)
         self._overrunning: Dict[str, int] = {}
         self._debug = False
@@ -230,7 +237,7 @@ class Interceptor:
         if call is not None and reply is not None:
             call.reply = reply
             self.recent.note(getattr(reply, "pod_sandbox_id", ""), getattr(reply, "container_id", ""))
-            self._record(call)
+            self._record(pc, call)
         notes = call.notes if call is not None and call.notes else None
         logger = pc.log if call is not None else log.bind(method=pc.method)
         if status == 0:
@@ -242,13 +249,11 @@ class Interceptor:
                  error=message[:512], latency_ms=latency_ms, decisions=notes)
         if call is not None:
             self._journal(pc, call, status_name, latency_ms, source)
-        if call is None or reply is None or pc.skip_hooks:
-            return
-        post = self._post[pc.method]
+        post = self._post[pc.method] if call is not None and reply is not None and not pc.skip_hooks else []
         if post:
             asyncio.ensure_future(self._run_post(pc, post))
         else:
-            self._forget_pod_lock(call)
+            self._tell_gone(pc)
 
     def _journal(self, pc: PipelineCall, call: H.Call, status_name: str, latency_ms: float, source: str) -> None:
         uid = call.pod.uid if call.pod is not None else ""
@@ -257,9 +262,6 @@ class Interceptor:
         pc.entry = JournalEntry(pc.method, status_name, latency_ms, _container_of(call), dict(call.notes),
                                 list(pc.failures), source)
         self.journal.record(uid, pc.entry)
-        if pc.method == H.REMOVE_POD_SANDBOX and status_name == "OK" and \
-                not any(p.uid == uid for p in self.store.pods()):
-            self.journal.forget(uid)   # its last sandbox is gone (a restarted pod keeps its journal)
 
     def on_abort(self, pc: PipelineCall, why: str) -> None:
         self.call_stats.observe((pc.method, "NO_REPLY"), time.perf_counter() - pc.started)
@@ -298,15 +300,19 @@ class Interceptor:
                 await self._run_hook(pc, hook, "post", call)
         if pc.entry is not None:
             self.journal.amend(pc.entry, call.notes, pc.failures)
-        self._forget_pod_lock(call)
+        self._tell_gone(pc)
 
-    def _forget_pod_lock(self, call: H.Call) -> None:
-        """After the pod's last call (RemovePodSandbox), drop its lock unless someone waits."""
-        if call.method != H.REMOVE_POD_SANDBOX or call.pod is None:
+    def _tell_gone(self, pc: PipelineCall) -> None:
+        """Once a removal's hooks are done, every holder of pod state forgets what it
+        ended (in a worker: a holder may write its state file)."""
+        if pc.gone is None:
             return
-        lock = self._pod_locks.get(_lock_key(call))
-        if lock is not None and not lock.locked():
-            del self._pod_locks[_lock_key(call)]
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(self.executor, self.reaper.tell, pc.gone)
+        except Exception as e:   # the pool shut down (stopping): the next resync releases it
+            log.warning("cannot release a removed pod's state now; the resync will", error=repr(e))
+            return
+        fut.add_done_callback(_log_failed_release)
 
     async def _run_hook(self, pc: PipelineCall, hook: H.Hook, stage: str, call: H.Call) -> Optional[BaseException]:
         """Run one hook stage within its budget; the error it raised (or a timeout), else None.
@@ -354,12 +360,10 @@ class Interceptor:
     def _overran(self, name: str) -> None:
         self._overrunning[name] -= 1
 
-    def _lock_for(self, call: H.Call) -> asyncio.Lock:
-        key = _lock_key(call)
-        lock = self._pod_locks.get(key)
-        if lock is None:
-            lock = self._pod_locks[key] = asyncio.Lock()
-        return lock
+    def _lock_for(self, call: H.Call) -> PodLock:
+        if call.pod is not None:
+            return self.pod_locks.hold(call.pod.uid, call.pod.sandbox_id)
+        return self.pod_locks.hold("", call.container.sandbox_id if call.container is not None else "")
 
     # ---------------------------------------------------------------- decoding and records
     def _decode(self, pc: PipelineCall, body: bytes, cls: Any, what: str) -> Any:
@@ -422,7 +426,7 @@ class Interceptor:
                     return True
         return False
 
-    def _record(self, call: H.Call) -> None:
+    def _record(self, pc: PipelineCall, call: H.Call) -> None:
         m, req, reply = call.method, call.request, call.reply
         if m == H.RUN_POD_SANDBOX and call.pod is not None:
             call.pod.sandbox_id = reply.pod_sandbox_id
@@ -435,17 +439,14 @@ class Interceptor:
                 call.container.resources = resources_of(req.linux)
                 self.store.put_container(call.container)
         elif m == H.REMOVE_CONTAINER:
-            self.store.remove_container(req.container_id)
+            pc.gone = self.reaper.container_removed(req.container_id)
         elif m == H.REMOVE_POD_SANDBOX:
-            self.store.remove_pod(req.pod_sandbox_id)
+            pc.gone = self.reaper.sandbox_removed(req.pod_sandbox_id)
 
 
-def _lock_key(call: H.Call) -> str:
-    if call.pod is not None:
-        return call.pod.uid or call.pod.sandbox_id
-    if call.container is not None:
-        return call.container.sandbox_id
-    return ""
+def _log_failed_release(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("releasing a removed pod's state failed; the resync will retry", error=repr(fut.exception()))
 
 
 def _container_of(call: H.Call) -> str:

@@ -3,8 +3,9 @@
 Per pod UID it keeps the last :data:`CALLS_PER_POD` calls: method, time, status, latency,
 the container, the decisions the hooks noted (``call.notes``) and the hooks that failed.
 At most :data:`MAX_PODS` pods are kept (the least recently seen goes first), and a pod's
-entries are dropped when its sandbox is removed: the journal never grows with the node's
-history, only with what runs now.
+entries are dropped when the :class:`~anolisnuma.state.gone.Reaper` says the pod is gone
+(its last sandbox removed, through the proxy or behind its back, or a RunPodSandbox that
+failed for good): the journal never grows with the node's history, only with what runs now.
 
 Entries are appended on the event loop and read by the admin socket's worker thread, hence
 the lock; post-hooks amend their entry when they are done (their notes come after the reply).
@@ -16,6 +17,8 @@ import threading
 import time
 from collections import OrderedDict, deque
 from typing import Any, Deque, Dict, List
+
+from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 
 CALLS_PER_POD = 32
 MAX_PODS = 4096
@@ -42,7 +45,9 @@ class JournalEntry:
                 "answered_by": self.answered_by}
 
 
-class PodJournal:
+class PodJournal(PodStateHolder):
+    name = "journal"
+
     def __init__(self, calls_per_pod: int = CALLS_PER_POD, max_pods: int = MAX_PODS) -> None:
         self.calls_per_pod = calls_per_pod
         self.max_pods = max_pods
@@ -66,9 +71,18 @@ class PodJournal:
             entry.notes = dict(notes)
             entry.hook_errors = list(hook_errors)
 
-    def forget(self, pod_uid: str) -> None:
+    def held(self) -> PodKeys:
         with self._lock:
-            self._pods.pop(pod_uid, None)
+            return PodKeys.of(list(self._pods))
+
+    def forget(self, gone: PodGone) -> None:
+        with self._lock:
+            for uid in gone.uids:
+                self._pods.pop(uid, None)
+
+    def structures(self) -> Dict[str, int]:
+        with self._lock:
+            return {"pods": len(self._pods), "entries": sum(len(calls) for calls in self._pods.values())}
 
     def calls(self, pod_uid: str) -> List[Dict[str, Any]]:
         """The pod's journal, oldest first (empty for a pod never seen or forgotten)."""

@@ -11,7 +11,10 @@ persisted before it returns:
 - :meth:`~PlacementService.follow_pool`: the kubelet's shared pool changed (its CPU manager
   checkpoint); :meth:`~PlacementService.reload_rules`: the rule files changed;
 - :meth:`~PlacementService.resync`: what containerd runs now (at start, then every
-  ``[runtime] resync_interval_seconds``).
+  ``[runtime] resync_interval_seconds``);
+- :meth:`~PlacementService.forget`: what the daemon's
+  :class:`~anolisnuma.state.gone.Reaper` found gone (the service is a
+  :class:`~anolisnuma.state.gone.PodStateHolder`).
 
 Containers whose cgroup must be re-pinned without a kubelet call (adopted unpinned, an edit
 that did not reach containerd, a live move) are listed by
@@ -37,6 +40,7 @@ from anolisnuma.policies.numa.ledger import Allocation, ContainerShare, Ledger
 from anolisnuma.policies.numa.rules import PinRule, RuleFileError, parse_oenuma_documents, resolve_pins
 from anolisnuma.policies.numa.selection import PodSelector, Selection
 from anolisnuma.policies.numa.topology import NumaTopology
+from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.state.numa_state import NumaStateFile
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.system.cgroups import CgroupFs, enable_memory_migrate
@@ -82,9 +86,11 @@ def where(nodes: Sequence[int]) -> str:
     return ("node " if len(nodes) == 1 else "nodes ") + ",".join(str(n) for n in nodes)
 
 
-class PlacementService:
+class PlacementService(PodStateHolder):
     """``PlacementService(config, topology, kubelet_file, state_file, cgroups)``; allocations
     are loaded from ``state_file``, rules from ``config.pins`` and ``config.rules_dir``."""
+
+    name = "numa"
 
     def __init__(self, config: NumaConfig, topology: NumaTopology, kubelet_file: CpuManagerStateFile,
                  state_file: NumaStateFile, cgroups: CgroupFs) -> None:
@@ -315,6 +321,33 @@ class PlacementService:
                 self._move_progress(alloc)
             self._save()
         return tuple(alloc.nodes)
+
+    # ================================================================== what is gone
+    def held(self) -> PodKeys:
+        with self._lock:
+            allocs = list(self.ledger)
+        return PodKeys.of([a.pod_uid for a in allocs], [a.sandbox_id for a in allocs],
+                          [cid for a in allocs for cid in a.containers])
+
+    def forget(self, gone: PodGone) -> None:
+        """Release what is gone: capacity comes back as at StopPodSandbox/RemoveContainer."""
+        released = [sid for sid in gone.sandbox_ids if self.release_sandbox(sid) is not None]
+        for cid in gone.container_ids:
+            self.release_container(cid)
+        for uid in gone.uids:
+            with self._lock:
+                alloc = self.ledger.get(uid)
+                if alloc is not None:
+                    self._forget(alloc)
+                    self._save()
+                    released.append(alloc.sandbox_id)
+        if released:
+            log.info("NUMA allocations of gone pods released", pods=len(released), reason=gone.reason)
+
+    def structures(self) -> Dict[str, int]:
+        with self._lock:
+            return {"allocations": len(self.ledger), "containers": sum(len(a.containers) for a in self.ledger),
+                    "pending_repins": len(self._pending_updates), "moves_in_flight": len(self._moves)}
 
     def sandbox_started(self, pod_uid: str, sandbox_id: str, logger: Any = None) -> None:
         """RunPodSandbox succeeded: a pod that got a new sandbox loses the old one's placement."""

@@ -19,10 +19,15 @@ Every ``interval_seconds``, :class:`AffinityController`:
 Each move is logged (which pair, bytes/s, from which node to which, why) and counted in
 :attr:`AffinityController.counters` (``samples``, ``moves``, ``moves_refused``,
 ``moves_rolled_back``; failed passes are the controller's ``errors``).
+
+Its caches (the graph's pairs, when each pod last moved, the PIDs) follow the ledger at
+every pass, and forget at once what the daemon's :class:`~anolisnuma.state.gone.Reaper`
+says is gone (the controller is a :class:`~anolisnuma.state.gone.PodStateHolder`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -32,6 +37,7 @@ from anolisnuma.controller import Controller
 from anolisnuma.pipeline.metrics import Counters
 from anolisnuma.policies.numa.affinity import AffinityGraph, Move, MoveConstraints, PodPlacement, free_millicpu, plan_moves
 from anolisnuma.policies.numa.config import AffinityConfig
+from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.system.sockdiag import process_exists
 from anolisnuma.system.traffic import PodProcess, TrafficObserver
 
@@ -46,12 +52,14 @@ class ContainerPids:
         self.client = client
         self.proc_root = proc_root
         self._cache: Dict[str, int] = {}
+        self._lock = threading.Lock()   # the affinity pass and a Reaper's forget
 
     def pid(self, container_id: str) -> Optional[int]:
         pid = self._cache.get(container_id)
         if pid is not None and process_exists(self.proc_root, pid):
             return pid
-        self._cache.pop(container_id, None)
+        with self._lock:
+            self._cache.pop(container_id, None)
         try:
             _, info = self.client.container_status(container_id, verbose=True)
         except Exception as e:
@@ -60,14 +68,25 @@ class ContainerPids:
         pid = info.get("pid") if isinstance(info, dict) else None
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             return None
-        self._cache[container_id] = pid
+        with self._lock:
+            self._cache[container_id] = pid
         return pid
 
     def keep(self, container_ids: Iterable[str]) -> None:
         """Forget the containers that are not in ``container_ids``."""
         live = set(container_ids)
-        for cid in [c for c in self._cache if c not in live]:
-            del self._cache[cid]
+        with self._lock:
+            for cid in [c for c in self._cache if c not in live]:
+                del self._cache[cid]
+
+    def forget(self, container_ids: Iterable[str]) -> None:
+        with self._lock:
+            for cid in container_ids:
+                self._cache.pop(cid, None)
+
+    def cached(self) -> List[str]:
+        with self._lock:
+            return list(self._cache)
 
     def close(self) -> None:
         close = getattr(self.client, "close", None)
@@ -75,7 +94,7 @@ class ContainerPids:
             close()
 
 
-class AffinityController(Controller):
+class AffinityController(Controller, PodStateHolder):
     """``AffinityController(placement, observer, pids, config, apply=None)``: ``placement``
     is the :class:`~anolisnuma.placement.service.PlacementService`, ``pids`` something with ``pid(container_id)`` (:class:`ContainerPids`),
     ``apply`` a callable that applies the service's pending re-pins now (the re-pinner's
@@ -97,6 +116,9 @@ class AffinityController(Controller):
         self.counters = Counters()
         self.last_moved: Dict[str, float] = {}
         self.last_moves: List[Move] = []
+        # The graph and last_moved are edited by the pass and by a Reaper's forget (from
+        # another thread): each holds this while it does (no I/O under it).
+        self._caches = threading.Lock()
 
     # ------------------------------------------------------------------ one pass
     def run_once(self) -> List[Move]:
@@ -116,16 +138,16 @@ class AffinityController(Controller):
         self.counters.add("samples")
         for error in sample.errors:
             log.debug("traffic sample problem", error=error)
-        for pod in {p for pair in self.graph.weights() for p in pair} - set(allocs):
-            self.graph.forget_pod(pod)
-        for pod in [p for p in self.last_moved if p not in allocs]:
-            del self.last_moved[pod]
-        if sample.interval is None or sample.interval <= 0:
-            return []   # the first sample has no rates
-        # Raw rates, smoothed once here (the observer's own EWMA is not used).
-        self.graph.update({k: v for k, v in sample.rates.items() if k[0] in allocs and k[1] in allocs},
-                          elapsed=sample.interval)
-        affine = self.graph.affine_pairs(self.config.threshold_bytes_per_second)
+        with self._caches:
+            self._forget_pods({p for pair in self.graph.weights() for p in pair} - set(allocs))
+            self._forget_pods([p for p in self.last_moved if p not in allocs])
+            if sample.interval is None or sample.interval <= 0:
+                return []   # the first sample has no rates
+            # Raw rates, smoothed once here (the observer's own EWMA is not used).
+            self.graph.update({k: v for k, v in sample.rates.items() if k[0] in allocs and k[1] in allocs},
+                              elapsed=sample.interval)
+            affine = self.graph.affine_pairs(self.config.threshold_bytes_per_second)
+            last_moved = dict(self.last_moved)
         if not affine:
             return []
         now = self.clock()
@@ -138,7 +160,7 @@ class AffinityController(Controller):
         constraints = MoveConstraints(
             free=free_millicpu(self.placement.topology, self.placement.shared_pool, placements),
             max_moves=self.config.max_moves_per_interval, min_improvement=self.config.min_improvement,
-            cooldown=self.config.cooldown_seconds, now=now, last_moved=dict(self.last_moved))
+            cooldown=self.config.cooldown_seconds, now=now, last_moved=last_moved)
         moves = plan_moves(self.placement.topology, placements, affine, constraints)
         made: List[Move] = []
         refused_plans = set()
@@ -160,7 +182,8 @@ class AffinityController(Controller):
                 self.counters.add("moves_refused")
                 log.info("affinity move refused by the placement service", **fields)
                 continue
-            self.last_moved[m.pod] = now
+            with self._caches:
+                self.last_moved[m.pod] = now
             made.append(m)
             log.info("affinity move", **fields)
         if made and self.apply is not None:
@@ -177,6 +200,30 @@ class AffinityController(Controller):
                 log.warning("affinity move rolled back (its re-pin failed)", pod_uid=m.pod, to_nodes=list(m.to_nodes))
         self.last_moves = kept
         return kept
+
+    def _forget_pods(self, pods: Iterable[str]) -> None:
+        for pod in pods:
+            self.graph.forget_pod(pod)
+            self.last_moved.pop(pod, None)
+
+    # ------------------------------------------------------------------ PodStateHolder
+    def held(self) -> PodKeys:
+        with self._caches:
+            uids = {p for pair in self.graph.weights() for p in pair} | set(self.last_moved)
+        cids = self.pids.cached() if isinstance(self.pids, ContainerPids) else []
+        return PodKeys.of(uids, (), cids)
+
+    def forget(self, gone: PodGone) -> None:
+        with self._caches:
+            self._forget_pods(gone.uids)
+        if isinstance(self.pids, ContainerPids):
+            self.pids.forget(gone.container_ids)
+
+    def structures(self) -> Dict[str, int]:
+        with self._caches:
+            out = {"pairs": len(self.graph), "last_moved": len(self.last_moved)}
+        out["pids"] = len(self.pids.cached()) if isinstance(self.pids, ContainerPids) else 0
+        return out
 
     # ------------------------------------------------------------------ controller
     def counts(self) -> Dict[str, int]:

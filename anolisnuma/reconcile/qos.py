@@ -173,6 +173,25 @@ class QosState:
             if self._pods.get(pod.uid) is pod:
                 self._drop(pod)
 
+    def forget_uid(self, uid: str) -> Optional[ManagedPod]:
+        """Drop the pod ``uid`` with every sandbox and container (returned when known)."""
+        with self._lock:
+            pod = self._pods.get(uid)
+            if pod is not None:
+                self._drop(pod)
+            return pod
+
+    def keys(self) -> Tuple[List[str], List[str], List[str]]:
+        """(the UIDs of pods that have no sandbox, every sandbox ID, every container ID).
+        A pod with a sandbox is named by it: its UID is the one its cgroup path spells."""
+        with self._lock:
+            return ([uid for uid, p in self._pods.items() if not p.sandbox_ids],
+                    list(self._by_sandbox), list(self._by_container))
+
+    def container_count(self) -> int:
+        with self._lock:
+            return len(self._by_container)
+
     def _drop(self, pod: ManagedPod) -> None:
         self._pods.pop(pod.uid, None)
         for sid in pod.sandbox_ids:

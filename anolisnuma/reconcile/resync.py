@@ -5,10 +5,13 @@ resolved from) and every hook agree with what containerd runs.
 answers) and then every ``[runtime] resync_interval_seconds``: it lists containerd once,
 drops from the store the pods and containers containerd no longer has, reads back those it
 never saw (created while the proxy was down, or before it was installed, from containerd's
-verbose status), and hands the same listing to every hook (``Hook.resync``), which drop
-and adopt in their own state the same way. Whatever the kubelet's calls named since the
-window before the listing (:class:`~anolisnuma.pipeline.recent.RecentCalls`) is left alone
-by all of them: those calls are newer than the listing.
+verbose status), has the daemon's :class:`~anolisnuma.state.gone.Reaper` tell every
+holder of pod state what the store no longer knows (a removal whose call was lost, a pod
+whose RunPodSandbox failed and was not retried), and hands the same listing to every hook
+(``Hook.resync``), which make their state follow what runs now (stopped sandboxes hold
+nothing) and adopt what is new. Whatever the kubelet's calls named since the window before
+the listing (:class:`~anolisnuma.pipeline.recent.RecentCalls`) is left alone by all of
+them: those calls are newer than the listing.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, Callable, Container, Dict, List, Optional, Sequence, Tup
 import structlog
 
 from anolisnuma.controller import Controller
+from anolisnuma.state.gone import Reaper
 from anolisnuma.state.records import ContainerRecord, ContainerResources, PodRecord
 from anolisnuma.state.store import Store
 from cri_proto import api_pb2
@@ -70,16 +74,18 @@ def resync_store(client: Any, store: Store, fresh: Container[str] = frozenset(),
 
 
 class RuntimeResync(Controller):
-    """``RuntimeResync(connect, store, hooks, recent, interval_seconds, opted_out=None)``:
-    ``connect()`` opens a client to containerd (one per pass, closed after it: no channel is
-    held for the minute between passes); ``recent`` is the pipeline's
+    """``RuntimeResync(connect, store, hooks, recent, interval_seconds, opted_out=None,
+    reaper=None)``: ``connect()`` opens a client to containerd (one per pass, closed after
+    it: no channel is held for the minute between passes); ``recent`` is the pipeline's
     :class:`~anolisnuma.pipeline.recent.RecentCalls`; ``opted_out(pod)`` tells the pods no
-    hook may touch (``[hooks] skip_keys``): the hooks never see them."""
+    hook may touch (``[hooks] skip_keys``): the hooks never see them; ``reaper`` is told
+    to reap after each store pass."""
 
     name = "runtime-resync"
 
     def __init__(self, connect: Callable[[], Any], store: Store, hooks: Sequence[Any], recent: Any,
-                 interval_seconds: float, opted_out: Optional[Callable[[PodRecord], bool]] = None) -> None:
+                 interval_seconds: float, opted_out: Optional[Callable[[PodRecord], bool]] = None,
+                 reaper: Optional[Reaper] = None) -> None:
         super().__init__()
         self.connect = connect
         self.opted_out = opted_out or (lambda pod: False)
@@ -87,12 +93,14 @@ class RuntimeResync(Controller):
         self.hooks = list(hooks)
         self.recent = recent
         self.interval = interval_seconds
+        self.reaper = reaper
         self.hook_errors = 0
         self.changes: Dict[str, int] = {}
         self._listed = False
 
     def listing(self) -> Tuple[List[PodRecord], List[ContainerRecord]]:
-        """The store's pass alone (the daemon's start-up runs the hooks itself)."""
+        """The store's pass and the reaping after it (the daemon's start-up runs the hooks
+        itself)."""
         self.recent.new_window()
         try:
             client = self.connect()
@@ -104,13 +112,19 @@ class RuntimeResync(Controller):
             self.recent.listing_failed()
             raise
         self._listed = True
+        if self.reaper is not None:
+            gone = self.reaper.reap(self.recent)
+            self._count("forgotten_pods", len(gone.uids))
         skipped = {p.sandbox_id for p in pods if self.opted_out(p)}
         if skipped:
             pods = [p for p in pods if p.sandbox_id not in skipped]
             containers = [c for c in containers if c.sandbox_id not in skipped]
         for k, v in changes.items():
-            self.changes[k] = self.changes.get(k, 0) + v
+            self._count(k, v)
         return pods, containers
+
+    def _count(self, what: str, n: int) -> None:
+        self.changes[what] = self.changes.get(what, 0) + n
 
     def run_once(self) -> Tuple[int, int]:
         pods, containers = self.listing()

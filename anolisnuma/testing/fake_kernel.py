@@ -149,9 +149,19 @@ class FakeCgroupTree:
             self._populate_tids(d, tids)
 
     def remove(self, rel: str) -> None:
-        """Remove cgroup ``rel`` (and below) from every hierarchy, like a pod going away."""
+        """Remove cgroup ``rel`` (and below) from every hierarchy, like a pod going away.
+        The directory goes with all its files at once, as the kernel's rmdir does: a
+        reader racing with us sees it there whole or not at all (moved aside, then
+        deleted), never a directory whose files are half gone."""
         for d in self.dirs(rel):
-            shutil.rmtree(d, ignore_errors=True)
+            if not os.path.isdir(d):
+                continue
+            aside = tempfile.mkdtemp(prefix=f".{os.path.basename(d)}.gone.", dir=os.path.dirname(d))
+            try:
+                os.rename(d, os.path.join(aside, "cgroup"))
+            except OSError:
+                pass   # removed meanwhile by another caller
+            shutil.rmtree(aside, ignore_errors=True)
 
     def file(self, rel: str, name: str) -> str:
         """Path of file ``name`` (v1 name; its controller is looked up) in cgroup ``rel``."""

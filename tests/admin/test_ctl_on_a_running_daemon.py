@@ -95,6 +95,27 @@ def test_status_says_what_runs_and_how_it_goes(node):
     assert code == 0 and "containerd:         UNREACHABLE: UNAVAILABLE" in out
 
 
+def test_status_counts_what_is_kept_per_pod_and_all_of_it_goes_with_the_pods(node):
+    pods = busy_node(node)
+    kept = node.ctl_json("status")["structures"]
+    assert set(kept) == {"store", "recent_calls", "pod_locks", "journal", "numa", "numa-affinity", "qos"}
+    assert kept["store"] == {"pods": 6, "containers": 7}
+    assert kept["journal"]["pods"] == 6 and kept["pod_locks"]["pods"] == 5   # the opted-out pod runs no hook
+    assert kept["qos"]["pods"] == 4 and kept["numa"]["allocations"] >= 1
+    code, out, _ = node.ctl("status")
+    rows = rows_of(out.split("\n\n")[-1])
+    assert rows[0] == ["KEPT PER POD BY", "SIZES"] and ["store", "pods 6, containers 7"] in rows
+
+    for pod in pods.values():
+        node.kubelet.remove(pod)
+    resync = node.daemon.controllers.get("runtime-resync")
+    resync.step()   # the windows of what calls named turn twice: nothing is left
+    resync.step()
+    kept = wait_for(lambda: (lambda k: k if all(n == 0 for sizes in k.values() for n in sizes.values()) else None)(
+        node.ctl_json("status")["structures"]), "every structure to be empty")
+    assert kept["store"] == {"pods": 0, "containers": 0}
+
+
 def test_pods_shows_each_level_and_placement_and_where_it_came_from(node):
     pods = busy_node(node)
     rows = {(p["namespace"], p["name"]): p for p in node.ctl_json("pods")}

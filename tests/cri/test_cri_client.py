@@ -153,6 +153,23 @@ def test_reply_over_the_limit_fails(backend):
         assert c.version().runtime_name == "containerd"     # the connection is still usable
 
 
+def test_a_long_lived_connection_keeps_bounded_protocol_state(backend):
+    """One connection serves a loop for days, one stream per call: h2's record of closed
+    streams (65,536 by default, ~8 MB) stays at a few, and a reset stream's late frames
+    are still answered after many calls."""
+    backend.list_reply = _big_list_reply(2 * 1024 * 1024).SerializeToString()
+    with CriClient(backend.socket, max_message_bytes=1024 * 1024, timeout_seconds=5.0) as c:
+        for _ in range(300):
+            c.version()
+        conn = c._channel._conn
+        assert len(conn._closed_streams) < 50
+        with pytest.raises(CallError):
+            c.list_containers()            # reset by us while containerd still sends
+        for _ in range(3):
+            assert c.version().runtime_name == "containerd"
+        assert c._channel._conn is conn    # the same connection throughout
+
+
 def test_list_with_filter(client, backend):
     backend.list_reply = b""
     flt = api_pb2.ContainerFilter(pod_sandbox_id=SID)

@@ -21,6 +21,7 @@ from anolisnuma.policies.numa.config import NumaConfig
 from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.rules import PinSpec
 from anolisnuma.policies.numa.selection import SKIP_KEY
+from anolisnuma.state.gone import PodGone, PodKeys
 from anolisnuma.state.records import ContainerRecord, ContainerResources, PodRecord
 from anolisnuma.testing import fake_sysfs as F
 from cri_proto import api_pb2 as pb
@@ -415,6 +416,23 @@ def test_release_returns_capacity_idempotently(seed):
     assert all(load.millicpu == 0 and load.pods == 0 for load in seed.hook.placement.ledger.loads().values())
     seed.remove_pod(pod)      # the kubelet retries: nothing happens
     assert seed.saved()["allocations"] == []
+
+
+def test_what_the_reaper_says_is_gone_is_released_and_persisted(seed):
+    """A teardown that never passed the proxy: the ledger holds the pod until it is told."""
+    p = seed.hook.placement
+    pod, other = seed.run_pod("p"), seed.run_pod("q")
+    a = seed.create(pod, "a", request=1000)
+    b = seed.create(other, "b", request=1000)
+    assert seed.hook.holders() == [p]
+    assert p.held() == PodKeys.of([pod.uid, other.uid], [pod.sandbox_id, other.sandbox_id], [a, b])
+    assert p.structures() == {"allocations": 2, "containers": 2, "pending_repins": 0, "moves_in_flight": 0}
+    p.forget(PodGone.of_ids("resync", container_ids=[b]))
+    assert p.held().container_ids == {a}
+    p.forget(PodGone.of_ids("resync", [pod.uid, other.uid]))
+    assert p.structures() == {"allocations": 0, "containers": 0, "pending_repins": 0, "moves_in_flight": 0}
+    assert seed.saved()["allocations"] == []
+    assert all(load.millicpu == 0 for load in p.ledger.loads().values())
 
 
 def test_decision_is_persisted_before_the_request_is_forwarded(seed):

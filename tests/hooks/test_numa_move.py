@@ -11,8 +11,9 @@ import pytest
 from anolisnuma.hooks.numa import NumaHook
 from anolisnuma.policies.numa.config import AffinityConfig, NumaConfig
 from anolisnuma.policies.numa.rules import PinSpec
-from anolisnuma.reconcile.affinity import AffinityController
+from anolisnuma.reconcile.affinity import AffinityController, ContainerPids
 from anolisnuma.reconcile.numa import CpusetRepinner
+from anolisnuma.state.gone import PodGone, PodKeys
 from anolisnuma.system.traffic import PodProcess, TrafficObserver, TrafficSample, TrafficSource, pod_pair
 from anolisnuma.testing import fake_sysfs as F
 from test_numa_hook import FakeNode
@@ -324,3 +325,31 @@ def test_memory_migrate_is_a_no_op_on_cgroup_v2_and_refuses_bad_ids(tmp_path):
     problems = enable_memory_migrate(CgroupFs(str(v1)), uid, ["../../etc", "b" * 64])
     assert len(problems) == 2 and "not a container ID" in problems[0]
     assert enable_memory_migrate(CgroupFs(str(v1)), "../x", ["b" * 64])
+
+
+def test_the_controllers_caches_forget_what_the_reaper_says_is_gone(seed):
+    """The pair graph and the cool-down clock follow the ledger at each pass; a gone pod
+    leaves them at once, without waiting for the next pass."""
+    a, ca, b, cb = two_pods(seed)
+    source = ScriptedSource()
+    ctl = controller(seed, source, FakeContainerd(seed))
+    source.rates = {(a.uid, b.uid): 50e6}
+    for _ in range(4):
+        ctl.run_once()
+    assert ctl.held().uids == {a.uid, b.uid} and ctl.structures()["pairs"] == 1
+    assert ctl.structures()["last_moved"] == 1
+    ctl.forget(PodGone.of_ids("resync", [a.uid]))
+    assert ctl.structures()["pairs"] == 0 and ctl.held().uids <= {b.uid}   # b's cool-down stays if b moved
+    ctl.forget(PodGone.of_ids("resync", [b.uid]))
+    assert ctl.held() == PodKeys() and ctl.structures() == {"pairs": 0, "last_moved": 0, "pids": 0}
+
+
+def test_container_pids_are_forgotten_with_their_containers():
+    class Status:
+        def container_status(self, cid, verbose=True):
+            return None, {"pid": os.getpid()}
+
+    pids = ContainerPids(Status(), proc_root="/proc")
+    assert pids.pid("c1") == os.getpid() and pids.pid("c2") == os.getpid()
+    pids.forget(["c1"])
+    assert pids.cached() == ["c2"]

@@ -12,6 +12,7 @@ from anolisnuma.configfile import Table
 from anolisnuma.hooks.qos import QosApplyError, QosHook
 from anolisnuma.pipeline.hooks import Call, HookRefused
 from anolisnuma.policies.qos.config import QosConfig
+from anolisnuma.state.gone import PodGone, PodKeys
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.system.cgroups import parse_cgroup_parent
 from cri_proto import api_pb2 as pb
@@ -288,20 +289,46 @@ def test_container_created_before_the_proxy_knew_the_pod(node):
     assert pod.knobs(rel)["cpu.bvt_warp_ns"] == -1 and pod.knobs()["cpu.bvt_warp_ns"] == -1
 
 
-def test_forget_on_stop_remove_and_remove_container(node):
+def test_a_stopped_pod_is_forgotten_and_what_is_gone_when_the_reaper_says_so(node):
     hook = QosHook(config(), node.paths)
     a, b = Pod(node, hook), Pod(node, hook)
     a.run()
     b.run()
     cid = b.create()
     b.start(cid)
-    hook.post(Call("RemoveContainer", pb.RemoveContainerRequest(container_id=cid), reply=pb.RemoveContainerResponse()))
-    assert hook.state.by_container(cid) == (None, None)
     hook.post(Call("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=a.sandbox_id),
                    reply=pb.StopPodSandboxResponse()))
-    hook.post(Call("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=b.sandbox_id),
-                   reply=pb.RemovePodSandboxResponse()))
-    assert len(hook.state) == 0
+    assert hook.state.by_sandbox(a.sandbox_id) is None and len(hook.state) == 1
+    assert hook.held() == PodKeys.of([], [b.sandbox_id], [cid])
+    hook.forget(PodGone.of_ids("removed", container_ids=[cid]))
+    assert hook.state.by_container(cid) == (None, None)
+    hook.forget(PodGone.of_ids("removed", [b.uid], [b.sandbox_id]))
+    assert len(hook.state) == 0 and hook.held() == PodKeys()
+    assert hook.structures() == {"pods": 0, "containers": 0, "warned_once": 0}
+
+
+def test_a_pod_whose_run_failed_is_held_by_its_uid_until_the_reaper_forgets_it(node):
+    """Admitted at RunPodSandbox pre, no reply: no sandbox ID, so only its UID names it."""
+    hook = QosHook(config(), node.paths)
+    pod = Pod(node, hook)
+    hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=pod.config)))
+    assert len(hook.state) == 1 and hook.held().uids == {pod.uid}
+    hook.forget(PodGone.of_ids("resync", [pod.uid]))
+    assert len(hook.state) == 0 and hook.held() == PodKeys()
+
+
+def test_a_container_that_ended_before_its_start_post_hook_is_said_at_info(node):
+    """StopContainer right after StartContainer: runc removed the cgroup before the
+    post-hook ran. Under a pod cgroup that is there, that is no problem."""
+    hook = QosHook(config(), node.paths)
+    pod = Pod(node, hook)
+    pod.run()
+    cid = pod.create()
+    with capture_logs() as logs:
+        pod.start(cid, make=False)
+    lines = [e for e in logs if "container" in e["event"] and e.get("container") == cid]
+    assert [e["log_level"] for e in lines] == ["info"], lines
+    assert lines[0]["event"].startswith("container ended before its knobs were written")
 
 
 def test_unknown_cgroup_parent_is_skipped_without_error(node):
@@ -330,11 +357,9 @@ def test_a_pod_outside_kubepods_is_warned_about_once_then_at_debug(node):
     levels = [e["log_level"] for e in logs if e["event"] == "qos skipped: cgroup_parent not recognized"]
     # (debug lines reach capture_logs only when no earlier test configured logging at info)
     assert levels[0] == "warning" and set(levels[1:]) <= {"debug"} and len(levels) in (1, 6)
-    # once the pod is removed, a pod of that UID is new again
-    pod = PodRecord(sandbox_id=sandbox_id, uid=cfg.metadata.uid, name="outside", namespace="default",
-                    cgroup_parent=cfg.linux.cgroup_parent)
-    hook.post(Call("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), pod=pod,
-                   reply=pb.RemovePodSandboxResponse()))
+    # it is held under its UID; once it is gone, a pod of that UID is new again
+    assert cfg.metadata.uid in hook.held().uids
+    hook.forget(PodGone.of_ids("removed", [cfg.metadata.uid], [sandbox_id]))
     with capture_logs() as logs:
         hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg)))
     assert [e["log_level"] for e in logs if "cgroup_parent not recognized" in e["event"]] == ["warning"]

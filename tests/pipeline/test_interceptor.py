@@ -690,4 +690,4 @@ def test_a_removed_pod_leaves_no_lock_behind(start_proxy, fake, open_stub):
         sid = stub.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=5).pod_sandbox_id
         stub.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=5)
         stub.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=5)
-    wait_until(lambda: not proxy.interceptor._pod_locks)
+    wait_until(lambda: proxy.interceptor.pod_locks.structures() == {"pods": 0})

@@ -7,6 +7,7 @@ import time
 
 from anolisnuma.pipeline.journal import JournalEntry, PodJournal
 from anolisnuma.pipeline.metrics import LatencyStats
+from anolisnuma.state.gone import PodGone, PodKeys
 
 
 def entry(method: str = "StartContainer", **notes: str) -> JournalEntry:
@@ -22,8 +23,9 @@ def test_the_journal_keeps_the_last_calls_of_each_pod_and_forgets_removed_pods()
     [b] = j.calls("uid-b")
     assert b["decisions"] == {"qos": "BE"} and b["status"] == "OK" and b["container"] == "app"
     assert abs(b["at"] - time.time()) < 5
-    j.forget("uid-a")
-    assert j.calls("uid-a") == [] and len(j) == 1
+    assert j.held() == PodKeys.of(["uid-a", "uid-b"]) and j.structures() == {"pods": 2, "entries": 4}
+    j.forget(PodGone.of_ids("removed", ["uid-a"], ["sandbox-of-a"]))
+    assert j.calls("uid-a") == [] and len(j) == 1 and j.structures() == {"pods": 1, "entries": 1}
 
 
 def test_the_journal_holds_at_most_max_pods_dropping_the_least_recently_seen():

@@ -264,3 +264,46 @@ def test_a_cgroup_that_appears_while_its_knob_is_written_gets_the_value(node, mo
     assert hook.applier.ensure(target, "default/p", report, compare=False) is applier_module.Outcome.WRITTEN
     assert node.cgroup.read(rel, "cpu.bvt_warp_ns") == "-1"
     assert report.written == 1 and not target.missing_logged
+
+
+def test_a_pod_whose_run_failed_is_forgotten_by_the_resync_with_no_reconciler(node):
+    """RunPodSandbox admitted the pod in its pre-hook and failed: no sandbox ID, so nothing
+    tied it to containerd's listing, and with reconcile_interval_seconds = 0 nothing else
+    freed it. The resync after the next (no call named it since) forgets it."""
+    from anolisnuma.pipeline import hooks as H
+    from anolisnuma.pipeline.recent import RecentCalls
+    from anolisnuma.reconcile.resync import RuntimeResync
+    from anolisnuma.state.gone import Reaper
+    from anolisnuma.state.store import Store
+    from cri_proto import api_pb2 as pb
+
+    class Empty:   # containerd lists nothing
+        def list_pod_sandboxes(self):
+            return []
+
+        def list_containers(self):
+            return []
+
+        def close(self):
+            pass
+
+    hook = QosHook(QosConfig(reconcile_interval_seconds=0), node.paths)
+    assert hook.controllers(None) == []
+    uid = str(uuid.uuid4())
+    config = pb.PodSandboxConfig()
+    config.metadata.uid, config.metadata.name, config.metadata.namespace = uid, "never-ran", "default"
+    config.linux.cgroup_parent = f"/kubepods/besteffort/pod{uid}"
+    node.make_pod(config.linux.cgroup_parent)
+    recent = RecentCalls()
+    recent.note(uid)                                  # the pipeline names the call's pod
+    hook.pre(H.Call(H.RUN_POD_SANDBOX, pb.RunPodSandboxRequest(config=config)))
+    assert len(hook.state) == 1                       # ... and containerd refused it
+    store = Store()
+    reaper = Reaper(store)
+    for holder in hook.holders():
+        reaper.add(holder)
+    resync = RuntimeResync(Empty, store, [hook], recent, 60, reaper=reaper)
+    resync.step()
+    assert len(hook.state) == 1                       # a retry may still come
+    resync.step()
+    assert len(hook.state) == 0 and hook.structures() == {"pods": 0, "containers": 0, "warned_once": 0}

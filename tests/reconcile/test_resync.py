@@ -4,8 +4,10 @@ containers hold nothing. (The real containerd case: tests/e2e/test_resync_e2e.py
 
 from typing import Dict, List
 
+from anolisnuma.pipeline.journal import JournalEntry, PodJournal
 from anolisnuma.pipeline.recent import RecentCalls
 from anolisnuma.reconcile.resync import RuntimeResync, resync_store
+from anolisnuma.state.gone import PodKeys, Reaper
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.state.store import Store
 from cri_proto import api_pb2 as pb
@@ -169,3 +171,24 @@ def test_with_no_periodic_resync_nothing_is_noted():
     recent.set_enabled(True)
     recent.note("c")
     assert "c" in recent
+
+
+def test_each_pass_tells_every_holder_what_the_store_no_longer_knows_once_no_call_names_it():
+    """A removal sent straight to containerd, and a RunPodSandbox that failed and was never
+    retried (its pod never had a sandbox): the pass after the one that still saw calls
+    naming them forgets them in every holder, before the hooks' resync."""
+    ctd, store, recent = Listing(), Store(), RecentCalls()
+    journal = PodJournal()
+    reaper = Reaper(store)
+    reaper.add(journal)
+    store.put_pod(record(1))
+    store.put_pod(record(2))                  # its teardown went behind the proxy's back
+    ctd.pod(1)
+    for uid in ("uid-1", "uid-2", "uid-failed"):
+        journal.record(uid, JournalEntry("RunPodSandbox", "OK", 1.0, "", {}, [], "containerd"))
+        recent.note(uid)
+    loop = RuntimeResync(lambda: ctd, store, [], recent, 60, reaper=reaper)
+    loop.step()
+    assert store.pod(sid(2)) is None and len(journal) == 3       # the calls are newer than the listing
+    loop.step()
+    assert journal.held() == PodKeys.of(["uid-1"]) and loop.counts()["forgotten_pods"] == 2
