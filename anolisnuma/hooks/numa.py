@@ -20,7 +20,8 @@ container's own, so nothing is known earlier, and a sandbox that never gets a co
 never holds capacity.
 
 Background loops (:meth:`NumaHook.controllers`): the watcher of the kubelet checkpoint and
-rule files, the re-pinner, and traffic affinity when ``[numa.affinity]`` is on.
+rule files, the re-pinner, traffic affinity when ``[numa.affinity]`` is on, and the Oenuma
+CRs of the API server when ``[kubernetes]`` names a kubeconfig (``anolisnuma/cluster``).
 """
 
 from __future__ import annotations
@@ -71,11 +72,13 @@ class NumaHook(Hook):
 
     name = "numa"
 
-    def __init__(self, config: NumaConfig, paths: PathsConfig, topology: Optional[NumaTopology] = None) -> None:
+    def __init__(self, config: NumaConfig, paths: PathsConfig, topology: Optional[NumaTopology] = None,
+                 cluster: Any = None) -> None:
         self.config = config
         self.paths = paths
         self.methods = _METHODS if config.enabled else frozenset()
         self.placement: Optional[PlacementService] = None
+        self.cluster: Any = None   # anolisnuma.cluster.link.ClusterLink
         if not config.enabled:
             return
         self.placement = PlacementService(
@@ -83,6 +86,11 @@ class NumaHook(Hook):
             CpuManagerStateFile(paths.kubelet_cpu_manager_state), NumaStateFile(paths.state_dir),
             CgroupFs(paths.cgroup_root))
         p = self.placement
+        if cluster is not None and cluster.enabled:
+            from anolisnuma.cluster.link import cluster_link
+
+            # (the rules saved from the CRs apply before any loop runs or call comes)
+            self.cluster = cluster_link(cluster, p, paths.state_dir, p.node_name)
         log.info("NUMA placement enabled", topology=p.topology.describe(), shared_pool=str(p.shared_pool),
                  kubelet_policy=p.kubelet_state.policy, allocations=len(p.ledger), rules=p.rule_count)
 
@@ -101,6 +109,8 @@ class NumaHook(Hook):
             affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner)
             if affinity is not None:
                 loops.append(affinity)
+        if self.cluster is not None:
+            loops.extend(self.cluster.controllers(repinner.wake))
         return loops
 
     # ================================================================== pipeline entry points

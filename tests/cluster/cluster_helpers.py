@@ -1,0 +1,176 @@
+"""Helpers of the cluster tests: the control plane handle, a kubelet-like CRI client, a
+daemon on a fake 4-node topology with FakeCri as containerd and ``[kubernetes]`` on, and
+Oenuma manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import grpc
+
+from anolisnuma.config import Config
+from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
+from anolisnuma.testing.kube_apiserver import PrivateControlPlane
+from anolisnuma.testing.proxy import REPO_ROOT, InProcessProxy, config_dict, write_config
+from cri_proto import api_pb2 as pb
+
+DEPLOY = os.path.join(REPO_ROOT, "deploy")
+SA_NAMESPACE = "anolisnuma-system"
+# 4 NUMA nodes of 2 CPUs each
+TOPOLOGY = FakeTopology(name="4x2", node_cpus={0: "0-1", 1: "2-3", 2: "4-5", 3: "6-7"},
+                        distances=[[10, 20, 20, 20], [20, 10, 20, 20], [20, 20, 10, 20], [20, 20, 20, 10]],
+                        memory_bytes={n: 4 * GIB for n in range(4)})
+PERIOD = 100000
+RUNTIME = "/runtime.v1.RuntimeService/"
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """The first truthy ``cond()`` within ``timeout`` seconds (a deadline, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@dataclass
+class Cluster:
+    cp: PrivateControlPlane
+    kubeconfig: str           # the anolisnuma ServiceAccount's
+
+    def apply(self, doc: str) -> None:
+        self.cp.kubectl("apply", "-f", "-", input=doc)
+
+    def oenuma(self, namespace: str, name: str) -> Any:
+        return self.cp.request("GET", f"/apis/resource.sop.huawei.com/v1alpha1/namespaces/{namespace}/oenumas/{name}")
+
+
+@dataclass
+class Pod:
+    name: str
+    namespace: str
+    uid: str
+    sandbox_id: str
+    config: Any
+    containers: Dict[str, str] = field(default_factory=dict)
+
+
+class Kubelet:
+    """The kubelet's pod lifecycle calls through the proxy (cri_proto messages)."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+
+    def call(self, method: str, request: Any, reply_class: Any, timeout: float = 10) -> Any:
+        stub = self.channel.unary_unary(RUNTIME + method, request_serializer=type(request).SerializeToString,
+                                        response_deserializer=reply_class.FromString)
+        return stub(request, timeout=timeout)
+
+    def run(self, name: str, namespace: str = "batch", containers: int = 1) -> Pod:
+        """RunPodSandbox and CreateContainer for ``containers`` containers of half a CPU."""
+        uid = str(uuid.uuid4())
+        config = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=name, namespace=namespace, uid=uid, attempt=0),
+            linux=pb.LinuxPodSandboxConfig(cgroup_parent=f"/kubepods/burstable/pod{uid}",
+                                           resources=pb.LinuxContainerResources(
+                                               cpu_period=PERIOD, cpu_quota=PERIOD, memory_limit_in_bytes=GIB)))
+        sid = self.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config), pb.RunPodSandboxResponse).pod_sandbox_id
+        pod = Pod(name, namespace, uid, sid, config)
+        for i in range(containers):
+            req = pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=config, config=pb.ContainerConfig(
+                metadata=pb.ContainerMetadata(name=f"c{i}"), linux=pb.LinuxContainerConfig(
+                    resources=pb.LinuxContainerResources(cpu_period=PERIOD, cpu_quota=PERIOD // 2))))
+            pod.containers[f"c{i}"] = self.call("CreateContainer", req, pb.CreateContainerResponse).container_id
+        return pod
+
+    def version(self, timeout: float = 5) -> Any:
+        return self.call("Version", pb.VersionRequest(), pb.VersionResponse, timeout=timeout)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+@dataclass
+class Node:
+    """One daemon: its in-process proxy, its FakeCri, a kubelet client."""
+
+    name: str
+    proxy: InProcessProxy
+    fake: FakeCri
+    kubelet: Kubelet
+    base: str
+
+    @property
+    def placement(self) -> Any:
+        from anolisnuma.admin.views import placement
+
+        return placement(self.proxy.daemon)
+
+    @property
+    def link(self) -> Any:
+        from anolisnuma.hooks.numa import NumaHook
+
+        return next(h.cluster for h in self.proxy.daemon.hooks if isinstance(h, NumaHook))
+
+    def nodes_of(self, pod: Pod) -> Optional[tuple]:
+        alloc = self.placement.ledger.get(pod.uid)
+        return None if alloc is None else tuple(alloc.nodes)
+
+    def repinned(self, container_id: str) -> List[str]:
+        """The cpusets containerd was sent for ``container_id`` by the re-pinner, in order."""
+        out = []
+        for r in self.fake.requests(runtime_path("UpdateContainerResources")):
+            req = pb.UpdateContainerResourcesRequest.FromString(r.request)
+            if req.container_id == container_id:
+                out.append(req.linux.cpuset_cpus)
+        return out
+
+    def settled(self, pod: Pod, nodes: tuple) -> bool:
+        """The pod's allocation is on ``nodes`` and containerd got every container's cpuset."""
+        if self.nodes_of(pod) != nodes:
+            return False
+        want = str(self.placement.ledger.get(pod.uid).cpus(self.placement.shared_pool))
+        return all(self.repinned(cid)[-1:] == [want] for cid in pod.containers.values()) \
+            and not self.placement.pending_updates()
+
+
+def start_node(base: str, sockdir: str, kubeconfig: str, name: str, **kubernetes: Any) -> Node:
+    fake = FakeCri(os.path.join(sockdir, f"containerd-{name[-6:]}.sock"), containers=0, sandboxes=0).start()
+    data = config_dict(base, fake.socket_path, listen=os.path.join(sockdir, f"cri-{name[-6:]}.sock"), extra={
+        "log": {"stderr": False},
+        "runtime": {"resync_interval_seconds": 0.0},
+        "numa": {"enabled": True, "namespaces": ["batch"], "node_name": name, "memory_pinning": "strict",
+                 "poll_interval_seconds": 0.1},
+        "kubernetes": dict({"kubeconfig": kubeconfig, "request_timeout_seconds": 3.0,
+                            "watch_timeout_seconds": 30.0, "backoff_max_seconds": 1.0}, **kubernetes),
+    })
+    TOPOLOGY.write(data["paths"]["sys_root"])
+    path = write_config(os.path.join(base, "config.toml"), data)
+    proxy = InProcessProxy(Config.load(path)).start()
+    proxy.wait_resynced()
+    return Node(name, proxy, fake, Kubelet(proxy.address), base)
+
+
+def stop_node(node: Node) -> None:
+    node.kubelet.close()
+    node.proxy.stop()
+    node.fake.stop(0)
+
+
+def oenuma(name: str, node: str, pins: Dict[str, int], namespace: str = "batch",
+           numa: Optional[List[Dict[str, Any]]] = None) -> str:
+    """An Oenuma manifest pinning each pod name of ``pins`` to its NUMA node on ``node``."""
+    entry: Dict[str, Any] = {"name": node, "podAffinity": [{"podName": p, "numaNum": n} for p, n in pins.items()]}
+    if numa is not None:
+        entry["numa"] = numa
+    return json.dumps({"apiVersion": "resource.sop.huawei.com/v1alpha1", "kind": "Oenuma",
+                       "metadata": {"name": name, "namespace": namespace}, "spec": {"node": [entry]}})
