@@ -11,7 +11,8 @@ Woken by the watcher when a CR naming this node changed, and every ``interval`` 
 3. this node's status entry is written to each CR whose entry changed.
 
 Passes are at least ``MIN_SPACING`` apart: a watch flooding changes costs one rules pass
-per spacing, not one per event.
+per spacing, not one per event. While re-pins are pending, the next pass comes after
+``PENDING_INTERVAL``, so that a status saying "Pending" is soon followed by the outcome.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from anolisnuma.controller import Controller
 log = structlog.get_logger("anolisnuma.cluster")
 
 MIN_SPACING = 0.05
+PENDING_INTERVAL = 0.2
 
 
 class ClusterSync(Controller):
@@ -46,7 +48,7 @@ class ClusterSync(Controller):
         self.rules_file = rules_file
         self.wake_repin = wake_repin
         self.reporter = reporter
-        self.interval = interval_seconds
+        self.interval = self.every = interval_seconds
         self.current: List[CrRules] = []
         self._version: Optional[int] = None
         self._persisted: Optional[int] = None
@@ -109,6 +111,7 @@ class ClusterSync(Controller):
             self.wake_repin()
         if self.reporter is not None:
             self.reporter.report(self.current, self.placement)
+        self.interval = PENDING_INTERVAL if self.placement.pending_pods() else self.every
         return moved
 
     def counts(self) -> Dict[str, int]:

@@ -9,7 +9,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import grpc
 
@@ -110,6 +110,10 @@ class Node:
     base: str
 
     @property
+    def admin_socket(self) -> str:
+        return self.proxy.config.admin.socket
+
+    @property
     def placement(self) -> Any:
         from anolisnuma.admin.views import placement
 
@@ -147,6 +151,7 @@ def start_node(base: str, sockdir: str, kubeconfig: str, name: str, **kubernetes
     fake = FakeCri(os.path.join(sockdir, f"containerd-{name[-6:]}.sock"), containers=0, sandboxes=0).start()
     data = config_dict(base, fake.socket_path, listen=os.path.join(sockdir, f"cri-{name[-6:]}.sock"), extra={
         "log": {"stderr": False},
+        "admin": {"socket": os.path.join(sockdir, f"admin-{name[-6:]}.sock")},
         "runtime": {"resync_interval_seconds": 0.0},
         "numa": {"enabled": True, "namespaces": ["batch"], "node_name": name, "memory_pinning": "strict",
                  "poll_interval_seconds": 0.1},
@@ -158,6 +163,22 @@ def start_node(base: str, sockdir: str, kubeconfig: str, name: str, **kubernetes
     proxy = InProcessProxy(Config.load(path)).start()
     proxy.wait_resynced()
     return Node(name, proxy, fake, Kubelet(proxy.address), base)
+
+
+def ctl(*args: str) -> Tuple[int, str, str]:
+    """``anolisnuma-ctl ARGS`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from anolisnuma.ctl import main as ctl_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = ctl_main.main(list(args))
+        except SystemExit as e:   # argparse
+            code = int(e.code or 0)
+    return code, out.getvalue(), err.getvalue()
 
 
 def stop_node(node: Node) -> None:
