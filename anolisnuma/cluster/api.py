@@ -140,8 +140,11 @@ class ApiClient:
         chunks = []
         size = 0
         while True:
-            chunk = reply.read1(256 * 1024) if hasattr(reply, "read1") else reply.read(256 * 1024)
+            # (read, not read1: it marks the reply done at its end, so the connection is
+            # kept for the next request)
+            chunk = reply.read(256 * 1024)
             if not chunk:
+                reply.close()
                 return b"".join(chunks)
             size += len(chunk)
             if size > self.max_reply_bytes:
