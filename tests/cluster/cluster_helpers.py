@@ -7,18 +7,15 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import grpc
-
 from anolisnuma.config import Config
-from anolisnuma.testing.fake_cri import FakeCri, runtime_path
+from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
+from anolisnuma.testing.kubelet_client import Kubelet, Pod, sent_cpusets
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane
 from anolisnuma.testing.proxy import REPO_ROOT, InProcessProxy, config_dict, write_config
-from cri_proto import api_pb2 as pb
 
 DEPLOY = os.path.join(REPO_ROOT, "deploy")
 SA_NAMESPACE = "anolisnuma-system"
@@ -26,8 +23,6 @@ SA_NAMESPACE = "anolisnuma-system"
 TOPOLOGY = FakeTopology(name="4x2", node_cpus={0: "0-1", 1: "2-3", 2: "4-5", 3: "6-7"},
                         distances=[[10, 20, 20, 20], [20, 10, 20, 20], [20, 20, 10, 20], [20, 20, 20, 10]],
                         memory_bytes={n: 4 * GIB for n in range(4)})
-PERIOD = 100000
-RUNTIME = "/runtime.v1.RuntimeService/"
 
 
 def wait_for(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
@@ -52,51 +47,6 @@ class Cluster:
 
     def oenuma(self, namespace: str, name: str) -> Any:
         return self.cp.request("GET", f"/apis/resource.sop.huawei.com/v1alpha1/namespaces/{namespace}/oenumas/{name}")
-
-
-@dataclass
-class Pod:
-    name: str
-    namespace: str
-    uid: str
-    sandbox_id: str
-    config: Any
-    containers: Dict[str, str] = field(default_factory=dict)
-
-
-class Kubelet:
-    """The kubelet's pod lifecycle calls through the proxy (cri_proto messages)."""
-
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address)
-
-    def call(self, method: str, request: Any, reply_class: Any, timeout: float = 10) -> Any:
-        stub = self.channel.unary_unary(RUNTIME + method, request_serializer=type(request).SerializeToString,
-                                        response_deserializer=reply_class.FromString)
-        return stub(request, timeout=timeout)
-
-    def run(self, name: str, namespace: str = "batch", containers: int = 1) -> Pod:
-        """RunPodSandbox and CreateContainer for ``containers`` containers of half a CPU."""
-        uid = str(uuid.uuid4())
-        config = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=name, namespace=namespace, uid=uid, attempt=0),
-            linux=pb.LinuxPodSandboxConfig(cgroup_parent=f"/kubepods/burstable/pod{uid}",
-                                           resources=pb.LinuxContainerResources(
-                                               cpu_period=PERIOD, cpu_quota=PERIOD, memory_limit_in_bytes=GIB)))
-        sid = self.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config), pb.RunPodSandboxResponse).pod_sandbox_id
-        pod = Pod(name, namespace, uid, sid, config)
-        for i in range(containers):
-            req = pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=config, config=pb.ContainerConfig(
-                metadata=pb.ContainerMetadata(name=f"c{i}"), linux=pb.LinuxContainerConfig(
-                    resources=pb.LinuxContainerResources(cpu_period=PERIOD, cpu_quota=PERIOD // 2))))
-            pod.containers[f"c{i}"] = self.call("CreateContainer", req, pb.CreateContainerResponse).container_id
-        return pod
-
-    def version(self, timeout: float = 5) -> Any:
-        return self.call("Version", pb.VersionRequest(), pb.VersionResponse, timeout=timeout)
-
-    def close(self) -> None:
-        self.channel.close()
 
 
 @dataclass
@@ -131,12 +81,7 @@ class Node:
 
     def repinned(self, container_id: str) -> List[str]:
         """The cpusets containerd was sent for ``container_id`` by the re-pinner, in order."""
-        out = []
-        for r in self.fake.requests(runtime_path("UpdateContainerResources")):
-            req = pb.UpdateContainerResourcesRequest.FromString(r.request)
-            if req.container_id == container_id:
-                out.append(req.linux.cpuset_cpus)
-        return out
+        return sent_cpusets(self.fake, container_id)
 
     def settled(self, pod: Pod, nodes: tuple) -> bool:
         """The pod's allocation is on ``nodes`` and containerd got every container's cpuset."""
