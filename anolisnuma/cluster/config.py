@@ -8,6 +8,7 @@ request_timeout_seconds = 10.0     # every request but a watch: connect, send, w
 watch_timeout_seconds = 300.0      # a watch is re-made after this long (the server ends it)
 backoff_max_seconds = 60.0         # reconnect delays double from 0.5 s up to this (+-20 %)
 write_status = true                # report what this node did in each CR's status
+events = true                      # events on the pods a CR re-pinned and on malformed CRs
 ```
 """
 
@@ -26,6 +27,7 @@ class KubernetesConfig:
     watch_timeout_seconds: float = 300.0
     backoff_max_seconds: float = 60.0
     write_status: bool = True
+    events: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -46,6 +48,7 @@ class KubernetesConfig:
             watch_timeout_seconds=t.float("watch_timeout_seconds", 300.0, min=1, max=3600),
             backoff_max_seconds=t.float("backoff_max_seconds", 60.0, min=0.5, max=3600),
             write_status=t.bool("write_status", True),
+            events=t.bool("events", True),
         )
         t.finish()
         return cfg

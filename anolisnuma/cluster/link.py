@@ -2,8 +2,9 @@
 
 It holds the CRs seen, loads the last rules saved (so they apply from the first
 CreateContainer after a restart, whether or not the API server answers), and hands the
-daemon its two loops: ``cluster-watch`` (list + watch) and ``cluster-rules`` (rules,
-re-pins, status). :meth:`ClusterLink.status` is what ``anolisnuma-ctl status`` shows.
+daemon its loops: ``cluster-watch`` (list + watch), ``cluster-rules`` (rules, re-pins,
+status) and ``cluster-events`` (events on pods and CRs). :meth:`ClusterLink.status` is
+what ``anolisnuma-ctl status`` shows.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import structlog
 
 from anolisnuma.cluster.api import ApiClient
 from anolisnuma.cluster.config import KubernetesConfig
+from anolisnuma.cluster.events import EventRecorder
 from anolisnuma.cluster.kubeconfig import load_kubeconfig
 from anolisnuma.cluster.oenumas import OenumaSet, RuleBook, RulesFile
 from anolisnuma.cluster.report import StatusReporter
@@ -35,11 +37,15 @@ class ClusterLink:
         self.crs = OenumaSet(node_name)
         self.rules_file = RulesFile(state_dir)
         self._wake_repin: Callable[[], None] = lambda: None
+        self.events = None
+        if config.events:
+            self.events = EventRecorder(ApiClient(credentials, config.request_timeout_seconds), node_name)
         reporter = None
         if config.write_status:
-            reporter = StatusReporter(ApiClient(credentials, config.request_timeout_seconds), node_name)
+            reporter = StatusReporter(ApiClient(credentials, config.request_timeout_seconds), node_name,
+                                      events=self.events)
         self.sync = ClusterSync(placement, self.crs, RuleBook(node_name, placement.topology), self.rules_file,
-                                lambda: self._wake_repin(), reporter)
+                                lambda: self._wake_repin(), reporter, events=self.events)
         self.watcher = OenumaWatcher(ApiClient(credentials, config.request_timeout_seconds), self.crs,
                                      self.sync.wake, watch_timeout=config.watch_timeout_seconds,
                                      backoff_max=config.backoff_max_seconds)
@@ -55,7 +61,7 @@ class ClusterLink:
         """The watch loop and the rules loop; ``wake_repin()`` makes the re-pinner apply
         the re-pins the rules caused at once."""
         self._wake_repin = wake_repin
-        return [self.watcher, self.sync]
+        return [self.watcher, self.sync] + ([self.events] if self.events is not None else [])
 
     def rules(self) -> List[str]:
         return [r.describe() for cr in self.sync.current for r in cr.rules]
@@ -67,7 +73,7 @@ class ClusterLink:
         return {"node_name": self.node_name, **w.connection(), "rules_from": rules_from,
                 "crs_naming_node": len(self.sync.current),
                 "crs_skipped": [cr.ref for cr in self.sync.current if cr.error],
-                "rules": self.rules(), **self.sync.counts()}
+                "rules": self.rules(), **self.sync.counts(), **(self.events.counts() if self.events else {})}
 
 
 def cluster_link(config: Optional[KubernetesConfig], placement: Any, state_dir: str,

@@ -172,7 +172,10 @@ class RuleBook:
             if key is None:
                 continue
             known = self._parsed.get(key)
-            cr = known[1] if known is not None and known[0] == obj else self._parse(key, obj)
+            # (OenumaSet replaces a CR's object only when it changed: an unchanged CR is the
+            # same object, and a pass over a thousand CRs costs no comparison of their specs)
+            same = known is not None and (known[0] is obj or known[0] == obj)
+            cr = known[1] if known is not None and same else self._parse(key, obj)
             parsed[key] = (obj, cr)
             out.append(cr)
         self._parsed = parsed

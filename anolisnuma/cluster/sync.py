@@ -8,10 +8,14 @@ Woken by the watcher when a CR naming this node changed, and every ``interval`` 
    state dir (the rules used at the next start when the API server cannot be reached);
 2. the placement service re-pins the running pods whose rules changed (its live move:
    memory following, rolled back when a re-pin fails), and the re-pinner is woken;
-3. this node's status entry is written to each CR whose entry changed.
+3. this node's status entry is written to each CR whose entry changed, and an event is
+   recorded on each pod a CR re-pinned or could not (``events.py``), and on a CR skipped
+   as malformed.
 
-Passes are at least ``MIN_SPACING`` apart: a watch flooding changes costs one rules pass
-per spacing, not one per event. While re-pins are pending, the next pass comes after
+Passes are at least ``MIN_SPACING`` apart, and ``FLOOD_SPACING`` while changes keep coming
+(the CRs changed within ``FLOOD_WINDOW`` of the last change): a watch flooding changes
+costs a rules pass per spacing, not one per event, and a change after a quiet spell is
+taken at once. While re-pins are pending, the next pass comes after
 ``PENDING_INTERVAL``, so that a status saying "Pending" is soon followed by the outcome.
 """
 
@@ -23,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import structlog
 
+from anolisnuma.cluster.events import Event, EventRecorder, oenuma_regarding
 from anolisnuma.cluster.oenumas import CrRules, OenumaSet, RuleBook, RulesFile
 from anolisnuma.cluster.report import StatusReporter
 from anolisnuma.controller import Controller
@@ -30,6 +35,8 @@ from anolisnuma.controller import Controller
 log = structlog.get_logger("anolisnuma.cluster")
 
 MIN_SPACING = 0.05
+FLOOD_SPACING = 0.2
+FLOOD_WINDOW = 0.5
 PENDING_INTERVAL = 0.2
 
 
@@ -40,8 +47,9 @@ class ClusterSync(Controller):
 
     def __init__(self, placement: Any, crs: OenumaSet, book: RuleBook, rules_file: RulesFile,
                  wake_repin: Callable[[], None], reporter: Optional[StatusReporter] = None,
-                 interval_seconds: float = 10.0) -> None:
+                 interval_seconds: float = 10.0, events: Optional[EventRecorder] = None) -> None:
         super().__init__()
+        self.events = events
         self.placement = placement
         self.crs = crs
         self.book = book
@@ -54,6 +62,7 @@ class ClusterSync(Controller):
         self._persisted: Optional[int] = None
         self._lock = threading.Lock()
         self._last_pass = 0.0
+        self._last_change = 0.0
         self.rule_changes = 0
         self.repins = 0
         self.skipped_crs = 0
@@ -72,6 +81,10 @@ class ClusterSync(Controller):
             for cr in crs:
                 if cr.error and old.get(cr.key) is not cr:
                     log.error("Oenuma CR skipped: malformed", cr=cr.ref, generation=cr.generation, error=cr.error)
+                    if self.events is not None:
+                        self.events.record(Event(oenuma_regarding(cr.key[0], cr.key[1], cr.uid), "Warning",
+                                                 "OenumaMalformed", "Skip",
+                                                 f"{self.crs.node_name}: skipped: {cr.error}"))
                 for problem in cr.problems if old.get(cr.key) is not cr else ():
                     log.warning("Oenuma CR entry ignored", cr=cr.ref, problem=problem)
             self.skipped_crs = sum(1 for cr in crs if cr.error)
@@ -82,7 +95,9 @@ class ClusterSync(Controller):
                 self.rule_changes += 1
                 log.info("NUMA placement rules from Oenuma CRs", crs=[cr.ref for cr in crs],
                          rules=[r.describe() for cr in crs for r in cr.rules], skipped=self.skipped_crs or None)
-            if persist:
+            if persist and (changed or self._persisted is None):
+                # (a spec change that leaves the rules as they were needs no fsync: a flood of
+                # such changes would cost one per pass)
                 self._save(version, objects)
             else:
                 self._persisted = version   # (they were read from the file)
@@ -100,17 +115,21 @@ class ClusterSync(Controller):
         self._persisted = version
 
     def run_once(self) -> int:
-        wait = self._last_pass + MIN_SPACING - time.monotonic()
+        now = time.monotonic()
+        spacing = FLOOD_SPACING if now - self._last_change < FLOOD_WINDOW else MIN_SPACING
+        wait = self._last_pass + spacing - now
         if wait > 0:
             time.sleep(wait)   # a rate limit: the wake-ups of a flood are folded into one pass
         self._last_pass = time.monotonic()
+        if self.crs.version != self._version:
+            self._last_change = self._last_pass
         self.use_rules()
         moved = self.placement.reconcile_rules()
         if moved:
             self.repins += moved
             self.wake_repin()
         if self.reporter is not None:
-            self.reporter.report(self.current, self.placement)
+            self.reporter.report(self.current, self.placement, interrupted=self._wake.is_set)
         self.interval = PENDING_INTERVAL if self.placement.pending_pods() else self.every
         return moved
 

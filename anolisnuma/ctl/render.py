@@ -118,6 +118,9 @@ def _cluster(c: Any) -> str:
     text = (f"{c.get('state')} ({c.get('server')}), {sync}; {_plural(c.get('crs_seen', 0), 'CR')} seen, "
             f"{c.get('crs_naming_node', 0)} naming {c.get('node_name')}, {_plural(len(c.get('rules') or []), 'rule')} "
             f"in force (from {c.get('rules_from')})")
+    if "events_sent" in c:
+        text += (f"; events sent {c['events_sent']} (+{c.get('events_aggregated', 0)} in series), dropped "
+                 f"{c.get('events_dropped_rate', 0) + c.get('events_dropped_full', 0)}")
     if c.get("crs_skipped"):
         text += f"; skipped as malformed: {', '.join(c['crs_skipped'])}"
     if c.get("last_error"):

@@ -49,7 +49,8 @@ class Kubelet:
             linux=pb.LinuxPodSandboxConfig(cgroup_parent=f"/kubepods/burstable/pod{uid}",
                                            resources=pb.LinuxContainerResources(
                                                cpu_period=PERIOD, cpu_quota=PERIOD, memory_limit_in_bytes=GIB)))
-        sid = self.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config), pb.RunPodSandboxResponse).pod_sandbox_id
+        sid = self.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config),
+                        pb.RunPodSandboxResponse).pod_sandbox_id
         pod = Pod(name, namespace, uid, sid, config)
         for i in range(containers):
             req = pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=config, config=pb.ContainerConfig(

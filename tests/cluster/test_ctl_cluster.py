@@ -33,6 +33,7 @@ def test_ctl_status_shows_the_api_server_link(cluster: Cluster, node: Node) -> N
     assert code == 0, err
     line = next(ln for ln in text.splitlines() if ln.startswith("api server"))
     assert "synced (" + cluster.cp.server in line and "naming " + node.name in line and "from apiserver" in line
+    assert "events sent" in line
     assert "batch/demo-* -> node 1" in text
     code, text, err = ctl("--admin-socket", node.admin_socket, "-o", "json", "status")
     c = json.loads(text)["cluster"]

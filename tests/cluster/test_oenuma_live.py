@@ -129,4 +129,7 @@ def test_the_service_account_may_do_exactly_what_the_daemon_does(cluster: Cluste
     assert can("patch", "oenumas.resource.sop.huawei.com", "--subresource=status", "-n", "batch")
     for verb in ("get", "create", "update", "patch", "delete"):
         assert not can(verb, "oenumas.resource.sop.huawei.com", "-n", "batch"), verb
+    assert can("create", "events.events.k8s.io", "-n", "batch") and can("patch", "events.events.k8s.io", "-n", "batch")
+    assert not can("get", "events.events.k8s.io", "-n", "batch")
+    assert not can("delete", "events.events.k8s.io", "-n", "batch")
     assert not can("list", "pods", "--all-namespaces") and not can("get", "secrets", "-n", "anolisnuma-system")

@@ -136,7 +136,8 @@ def test_events_update_the_crs_and_410_relists(server) -> None:
     script, w, crs = server
     changed = dict(CR, metadata=dict(CR["metadata"], resourceVersion="7", generation=2),
                    spec={"node": [{"name": NODE, "podAffinity": [{"podName": "y", "numaNum": 2}]}]})
-    other = {"metadata": {"name": "b", "namespace": "batch", "resourceVersion": "8"}, "spec": {"node": [{"name": "w2"}]}}
+    other = {"metadata": {"name": "b", "namespace": "batch", "resourceVersion": "8"},
+             "spec": {"node": [{"name": "w2"}]}}
     script.watch = lambda h: h.reply(200, b"", chunks=events(
         {"type": "MODIFIED", "object": changed}, {"type": "ADDED", "object": other},
         {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}}))
