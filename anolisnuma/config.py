@@ -2,7 +2,8 @@
 
 The keys of ``[server] [runtime] [log] [paths]`` are the product's contract (design.md §7).
 ``[qos]`` and ``[numa]`` belong to their policy packages, which parse them from a
-:class:`~anolisnuma.configfile.Table` themselves; ``[hooks.<name>]`` sets each hook's time
+:class:`~anolisnuma.configfile.Table` themselves, as ``[kubernetes]`` belongs to
+``anolisnuma/cluster``; ``[hooks.<name>]`` sets each hook's time
 budget and failure policy; ``[admin]`` and ``[metrics]`` are the daemon's inspection
 surfaces (``anolisnuma/admin``).
 """
@@ -277,10 +278,12 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     qos: Any = None    # anolisnuma.policies.qos.config.QosConfig
     numa: Any = None   # anolisnuma.policies.numa.config.NumaConfig
+    kubernetes: Any = None   # anolisnuma.cluster.config.KubernetesConfig
     source: Optional[str] = None
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], source: Optional[str] = None) -> "Config":
+        from anolisnuma.cluster.config import KubernetesConfig
         from anolisnuma.policies.numa.config import NumaConfig
         from anolisnuma.policies.qos.config import QosConfig
 
@@ -295,6 +298,7 @@ class Config:
             metrics=MetricsConfig.from_table(root.table("metrics")),
             qos=QosConfig.from_table(root.table("qos")),
             numa=NumaConfig.from_table(root.table("numa")),
+            kubernetes=KubernetesConfig.from_table(root.table("kubernetes")),
             source=source,
         )
         root.finish()

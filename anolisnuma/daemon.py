@@ -49,6 +49,8 @@ def build_hooks(config: Config) -> List[Hook]:
         wanted.append(("numa", lambda: _numa_hook(config)))
     if config.qos is not None and config.qos.enabled:
         wanted.append(("qos", lambda: _qos_hook(config)))
+    if config.kubernetes is not None and config.kubernetes.enabled and not any(n == "numa" for n, _ in wanted):
+        log.warning("kubernetes.kubeconfig is set but NUMA placement is off: Oenuma CRs are not watched")
     hooks: List[Hook] = []
     for name, make in wanted:
         try:
@@ -67,7 +69,7 @@ class HookUnavailable(Exception):
 def _numa_hook(config: Config) -> Hook:
     from anolisnuma.hooks.numa import NumaHook
 
-    return NumaHook(config.numa, config.paths)
+    return NumaHook(config.numa, config.paths, cluster=config.kubernetes)
 
 
 def _qos_hook(config: Config) -> Hook:

@@ -47,6 +47,14 @@ def placement(daemon: "Daemon") -> Optional["PlacementService"]:
     return next((h.placement for h in daemon.hooks if isinstance(h, NumaHook) and h.placement is not None), None)
 
 
+def cluster(daemon: "Daemon") -> Optional[Dict[str, Any]]:
+    """The API server link (connection, CRs, rules in force) when ``[kubernetes]`` is on."""
+    from anolisnuma.hooks.numa import NumaHook
+
+    link = next((h.cluster for h in daemon.hooks if isinstance(h, NumaHook) and h.cluster is not None), None)
+    return link.status() if link is not None else None
+
+
 # ---------------------------------------------------------------- status
 
 def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) -> Dict[str, Any]:
@@ -93,6 +101,7 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
         "reconcilers": reconcilers(daemon),
         "controllers": daemon.controllers.status(),
         "journal_pods": len(daemon.interceptor.journal),
+        "cluster": cluster(daemon),
         "threads": census(_pools(daemon)),
         "structures": structures(daemon),
         **surfaces,

@@ -6,6 +6,7 @@
     anolisnuma-ctl explain POD         every decision taken for a pod (namespace/name or UID)
     anolisnuma-ctl reload              re-read the configuration file (as SIGHUP does)
     anolisnuma-ctl kubelet enable|disable|status
+    anolisnuma-ctl kubeconfig --server URL --ca FILE --token-file FILE [--check]
 
 The daemon is reached on its admin socket: ``--admin-socket PATH``, else ``[admin] socket``
 of the configuration file (``-c``, default /etc/anolisnuma/config.toml) when it can be read,
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         kubelet = None  # type: ignore[assignment]
     if kubelet is not None:
         kubelet.add_parser(sub)
+    from anolisnuma.ctl import kubeconfig
+
+    kubeconfig.add_parser(sub)
     return parser
 
 

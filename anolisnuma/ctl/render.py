@@ -76,8 +76,12 @@ def status(r: Dict[str, Any]) -> str:
         ("threads", _threads(r.get("threads") or {})),
         ("kernel knobs", ("none: the QoS hook is not running" if knobs is None else
                           ", ".join(knobs.get("supported") or []) or "none supported")),
+        ("api server", _cluster(r.get("cluster"))),
     ])
     blocks = [head]
+    rules = (r.get("cluster") or {}).get("rules") or []
+    if rules:
+        blocks.append(table(["RULE FROM AN OENUMA CR (IN FORCE)"], [[rule] for rule in rules]))
     hooks = r.get("hooks") or []
     missing = [n for n in r.get("hooks_configured") or [] if n not in {h["name"] for h in hooks}]
     rows = [[h["name"], h["failure_policy"], f"{h['budget_seconds']:g}s", h["pre_ok"], h["pre_failed"],
@@ -108,6 +112,25 @@ def status(r: Dict[str, Any]) -> str:
                             [[holder, ", ".join(f"{k} {n}" for k, n in sizes.items()) or "-"]
                              for holder, sizes in structures.items()]))
     return lines(*blocks)
+
+
+def _cluster(c: Any) -> str:
+    """One line: the API server connection, the last sync, the CRs seen and the rules."""
+    if not c:
+        return "off"
+    since = c.get("last_sync")
+    sync = f"last sync {human_duration(time.time() - since)} ago" if since else "never synced"
+    text = (f"{c.get('state')} ({c.get('server')}), {sync}; {_plural(c.get('crs_seen', 0), 'CR')} seen, "
+            f"{c.get('crs_naming_node', 0)} naming {c.get('node_name')}, {_plural(len(c.get('rules') or []), 'rule')} "
+            f"in force (from {c.get('rules_from')})")
+    if "events_sent" in c:
+        text += (f"; events sent {c['events_sent']} (+{c.get('events_aggregated', 0)} in series), dropped "
+                 f"{c.get('events_dropped_rate', 0) + c.get('events_dropped_full', 0)}")
+    if c.get("crs_skipped"):
+        text += f"; skipped as malformed: {', '.join(c['crs_skipped'])}"
+    if c.get("last_error"):
+        text += f"; last error: {c['last_error']}"
+    return text
 
 
 # ---------------------------------------------------------------- pods

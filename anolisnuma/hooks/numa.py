@@ -20,7 +20,8 @@ container's own, so nothing is known earlier, and a sandbox that never gets a co
 never holds capacity.
 
 Background loops (:meth:`NumaHook.controllers`): the watcher of the kubelet checkpoint and
-rule files, the re-pinner, and traffic affinity when ``[numa.affinity]`` is on.
+rule files, the re-pinner, traffic affinity when ``[numa.affinity]`` is on, and the Oenuma
+CRs of the API server when ``[kubernetes]`` names a kubeconfig (``anolisnuma/cluster``).
 """
 
 from __future__ import annotations
@@ -75,12 +76,14 @@ class NumaHook(Hook):
 
     name = "numa"
 
-    def __init__(self, config: NumaConfig, paths: PathsConfig, topology: Optional[NumaTopology] = None) -> None:
+    def __init__(self, config: NumaConfig, paths: PathsConfig, topology: Optional[NumaTopology] = None,
+                 cluster: Any = None) -> None:
         self.config = config
         self.paths = paths
         self.methods = _METHODS if config.enabled else frozenset()
         self.placement: Optional[PlacementService] = None
         self.affinity: Optional["AffinityController"] = None   # made by controllers() when on
+        self.cluster: Any = None   # anolisnuma.cluster.link.ClusterLink
         if not config.enabled:
             return
         self.placement = PlacementService(
@@ -88,6 +91,11 @@ class NumaHook(Hook):
             CpuManagerStateFile(paths.kubelet_cpu_manager_state), NumaStateFile(paths.state_dir),
             CgroupFs(paths.cgroup_root))
         p = self.placement
+        if cluster is not None and cluster.enabled:
+            from anolisnuma.cluster.link import cluster_link
+
+            # (the rules saved from the CRs apply before any loop runs or call comes)
+            self.cluster = cluster_link(cluster, p, paths.state_dir, p.node_name)
         log.info("NUMA placement enabled", topology=p.topology.describe(), shared_pool=str(p.shared_pool),
                  kubelet_policy=p.kubelet_state.policy, allocations=len(p.ledger), rules=p.rule_count)
 
@@ -106,6 +114,8 @@ class NumaHook(Hook):
             self.affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner)
             if self.affinity is not None:
                 loops.append(self.affinity)
+        if self.cluster is not None:
+            loops.extend(self.cluster.controllers(repinner.wake))
         return loops
 
     def holders(self) -> List[PodStateHolder]:

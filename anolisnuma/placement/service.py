@@ -10,6 +10,8 @@ persisted before it returns:
 - :meth:`~PlacementService.move`: a live move of a running pod (traffic affinity);
 - :meth:`~PlacementService.follow_pool`: the kubelet's shared pool changed (its CPU manager
   checkpoint); :meth:`~PlacementService.reload_rules`: the rule files changed;
+  :meth:`~PlacementService.set_cluster_rules`: the Oenuma CRs of the API server changed;
+  :meth:`~PlacementService.reconcile_rules`: running pods re-pinned where the rules changed;
 - :meth:`~PlacementService.resync`: what containerd runs now (at start, then every
   ``[runtime] resync_interval_seconds``);
 - :meth:`~PlacementService.forget`: what the daemon's
@@ -116,6 +118,10 @@ class PlacementService(PodStateHolder):
         self._selector = PodSelector(config.namespaces, config.pod_name_patterns, self._config_rules)
         self._rules = RuleDirectory(config.rules_dir) if config.rules_dir else None
         self._rules_sig: Any = None
+        self._file_rules: List[PinRule] = []
+        self._cluster_rules: List[PinRule] = []
+        self._rules_dirty = False        # rules changed since running pods were last re-pinned
+        self._rule_failures: Dict[str, str] = {}   # pod uid -> why its rule could not be applied
         self.reload_rules()
         self._load_state()
 
@@ -131,6 +137,19 @@ class PlacementService(PodStateHolder):
     @property
     def rule_count(self) -> int:
         return len(self._selector.rules)
+
+    def rule_of(self, alloc: Allocation) -> Optional[PinRule]:
+        """The rule that names this pod now (the first that matches), if any."""
+        return self._selector.select(alloc.namespace, alloc.name, {}, {}).rule
+
+    def rule_failure(self, pod_uid: str) -> str:
+        """Why the pod's rule could not be applied to it ("" when it was, or none names it)."""
+        return self._rule_failures.get(pod_uid, "")
+
+    def pending_pods(self) -> Set[str]:
+        """Pods with a re-pin not applied yet."""
+        with self._lock:
+            return {a.pod_uid for a in self.ledger if any(c in self._pending_updates for c in a.containers)}
 
     @property
     def shared_pool(self) -> CpuSet:
@@ -409,20 +428,25 @@ class PlacementService(PodStateHolder):
                 log.info("live NUMA move refused", pod=alloc.ref, pod_uid=pod_uid, to_nodes=list(target), why=why,
                          reason=reason or None)
                 return False
-            if placement.mems and placement.mems != alloc.mems:
-                for problem in enable_memory_migrate(self._cgroups, pod_uid, sorted(alloc.containers)):
-                    log.warning("cannot make memory follow a live NUMA move; pages stay where they are",
-                                pod=alloc.ref, problem=problem)
-            self.ledger.move(pod_uid, placement, source="affinity")
-            want = alloc.cpus(pool)
-            for cid in alloc.containers:
-                self._pending_updates[cid] = (want, alloc.mems)
-            self._moves[pod_uid] = old
+            self._start_move(alloc, placement, "affinity", old)
             self._save()
-        log.info("live NUMA move decided", pod=alloc.ref, pod_uid=pod_uid, from_nodes=list(old.nodes),
-                 to_nodes=list(target), cpus=str(want), mems=str(alloc.mems), containers=len(alloc.containers),
-                 reason=reason or None)
         return True
+
+    def _start_move(self, alloc: Allocation, placement: Placement, source: str, old: _MoveInFlight) -> None:
+        """Move the allocation (under the lock) and list its containers for the re-pinner;
+        the memory of its containers follows on cgroup v1. The caller saves."""
+        if placement.mems and placement.mems != alloc.mems:
+            for problem in enable_memory_migrate(self._cgroups, alloc.pod_uid, sorted(alloc.containers)):
+                log.warning("cannot make memory follow a live NUMA move; pages stay where they are",
+                            pod=alloc.ref, problem=problem)
+        self.ledger.move(alloc.pod_uid, placement, source=source)
+        want = alloc.cpus(self.ledger.pool)
+        for cid in alloc.containers:
+            self._pending_updates[cid] = (want, alloc.mems)
+        self._moves[alloc.pod_uid] = old
+        log.info("live NUMA move decided", pod=alloc.ref, pod_uid=alloc.pod_uid, from_nodes=list(old.nodes),
+                 to_nodes=list(alloc.nodes), cpus=str(want), mems=str(alloc.mems), containers=len(alloc.containers),
+                 source=source, reason=old.reason or None)
 
     def _why_not_movable(self, pod_uid: str, alloc: Optional[Allocation], target: Tuple[int, ...]) -> Optional[str]:
         if alloc is None:
@@ -468,6 +492,8 @@ class PlacementService(PodStateHolder):
                 return False
             mv = self._moves.pop(alloc.pod_uid)
             new_nodes = alloc.nodes
+            if alloc.source == "rule":   # (not retried until the rules change again)
+                self._rule_failures[alloc.pod_uid] = f"re-pin failed and was rolled back: {error or 'error'}"
             self.ledger.move(alloc.pod_uid, Placement(nodes=mv.nodes, home=mv.home, cpus=mv.home & self.ledger.pool,
                                                        mems=mv.mems), source=mv.source)
             want = alloc.cpus(self.ledger.pool)
@@ -595,9 +621,94 @@ class PlacementService(PodStateHolder):
         for problem in problems:
             log.error("placement rule problem", problem=problem)
         self._rules_sig = sig
-        self._selector = self._selector.with_rules(list(self._config_rules) + rules)
+        self._file_rules = rules
+        self._use_rules()
         log.info("NUMA placement rules loaded", rules_dir=self._rules.path, node_name=self.node_name,
                  rules=[r.describe() for r in rules], problems=len(problems))
+
+    def set_cluster_rules(self, rules: Sequence[PinRule]) -> bool:
+        """The rules of the Oenuma CRs naming this node, in their order (they come after the
+        config pins and the rule files). True when they changed; the running pods they
+        concern are re-pinned by the next :meth:`reconcile_rules`."""
+        rules = list(rules)
+        if rules == self._cluster_rules:
+            return False
+        self._cluster_rules = rules
+        self._use_rules()
+        return True
+
+    def _use_rules(self) -> None:
+        """One rules engine for every source; first match wins: config pins, rule files, CRs."""
+        with self._lock:
+            self._selector = self._selector.with_rules(list(self._config_rules) + self._file_rules
+                                                       + self._cluster_rules)
+            self._rules_dirty = True
+            self._rule_failures.clear()
+
+    def reconcile_rules(self) -> int:
+        """After the rules changed: every running pod a rule now names is moved live where
+        the rule says (unless it is there), and every pod a rule pinned that no rule names
+        any more is moved back to where balance puts it. The moves are those of
+        :meth:`move` (listed for the re-pinner, memory following, rolled back when a re-pin
+        fails). Pods with kubelet-exclusive CPUs stay; a pod whose move is still being
+        applied is taken again at the next call. Returns the moves decided."""
+        if not self._rules_dirty:
+            return 0
+        self.follow_pool()
+        moved = 0
+        with self._lock:
+            self._rules_dirty = False
+            for alloc in list(self.ledger):
+                if not alloc.containers or self._kubelet.has_exclusive(alloc.pod_uid):
+                    continue
+                if alloc.pod_uid in self._moves:
+                    self._rules_dirty = True   # (again once that move is done)
+                    continue
+                target = self._rule_target(alloc)
+                if target is None:
+                    continue
+                placement, source = target
+                if (placement.nodes == alloc.nodes and placement.home == alloc.home
+                        and (source == "balance" or placement.mems == alloc.mems)):
+                    if alloc.source != source:
+                        self.ledger.move(alloc.pod_uid, placement, source=source)
+                    continue
+                old = _MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source,
+                                    placement.reason or "placement rules changed")
+                self._start_move(alloc, placement, source, old)
+                moved += 1
+            self._save()
+        return moved
+
+    def _rule_target(self, alloc: Allocation) -> Optional[Tuple[Placement, str]]:
+        """Where the rules want a placed pod now, and the placement's source ("rule" or
+        "balance"); None to leave it where it is."""
+        rule = self.rule_of(alloc)
+        if rule is None and alloc.source != "rule":
+            return None
+        pool = self.ledger.pool
+        request = PodRequest(alloc.demand_millicpu(), alloc.demand_memory(), near=alloc.nodes)
+        self.ledger.remove(alloc.pod_uid)
+        try:
+            if rule is not None:
+                placement = pin(self.topology, pool, self.ledger.loads(), rule.nodes, request, cpus=rule.cpus,
+                                mems=rule.mems, memory_pinning=self.config.memory_pinning,
+                                reason=f"pinned by {rule.source}")
+                if rule.mems is None and tuple(placement.nodes) == tuple(alloc.nodes):
+                    # (memory widened by today's loads is no reason to move a pod the rule keeps)
+                    placement = Placement(placement.nodes, placement.home, placement.cpus, alloc.mems,
+                                          placement.reason)
+                return placement, "rule"
+            log.info("the rule that pinned the pod is gone; back to balance", pod=alloc.ref, pod_uid=alloc.pod_uid)
+            return balance(self.topology, pool, self.ledger.loads(), request,
+                           memory_pinning=self.config.memory_pinning), "balance"
+        except NoPlacement as e:
+            self._rule_failures[alloc.pod_uid] = str(e)
+            log.warning("placement rule cannot be applied to a running pod; it stays", pod=alloc.ref,
+                        rule=rule.describe() if rule else None, reason=str(e))
+            return None
+        finally:
+            self.ledger.add(alloc)
 
     # ================================================================== persistence and resync
     def _load_state(self) -> None:

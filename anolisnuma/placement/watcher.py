@@ -1,5 +1,6 @@
 """Follows what the placement depends on outside the CRI: the kubelet's CPU manager
-checkpoint (its shared pool) and the placement-rule files."""
+checkpoint (its shared pool) and the placement-rule files; when the rules changed (files or
+Oenuma CRs), the running pods they concern are re-pinned (applied by the re-pinner)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,4 @@ class PlacementWatcher(Controller):
         # right before deciding, this keeps it current between calls.
         self.service.follow_pool()
         self.service.reload_rules()
+        self.service.reconcile_rules()

@@ -1,0 +1,18 @@
+"""The cluster side: Oenuma rules from the Kubernetes API server, status written back.
+
+Optional and off by default (``[kubernetes] kubeconfig = ""``). Everything here runs on
+background threads of its own and never on the CRI path: a CRI call never waits for the
+API server, whatever state it is in.
+
+- ``config.py``: the ``[kubernetes]`` section;
+- ``kubeconfig.py``: the node's credentials file (server, CA, token or client certificate);
+- ``api.py``: the daemon's own HTTPS client for the few requests it makes (list, watch,
+  server-side apply), every request with a deadline and every reply with a size bound;
+- ``oenumas.py``: the Oenuma CRs seen (only what concerns this node is kept), their rules
+  for the rules engine (``policies/numa/rules.py``), and the last ones persisted;
+- ``watcher.py``: the ``cluster-watch`` loop (list + watch, bookmarks, relist on 410 Gone,
+  reconnect with backoff and jitter);
+- ``sync.py``: the ``cluster-rules`` loop (rules to the placement service, which re-pins
+  the running pods they name; status back to each CR);
+- ``status.py``: what this node writes into a CR's ``status.nodes[]`` (pure).
+"""

@@ -1,0 +1,54 @@
+"""The ``[kubernetes]`` section: whether and how the daemon talks to the API server.
+
+```toml
+[kubernetes]
+kubeconfig = ""                    # the node's credentials for anolisnuma; "" = no API server
+node_name = ""                     # this node's name; "" = what [numa] node_name resolves to
+request_timeout_seconds = 10.0     # every request but a watch: connect, send, whole reply
+watch_timeout_seconds = 300.0      # a watch is re-made after this long (the server ends it)
+backoff_max_seconds = 60.0         # reconnect delays double from 0.5 s up to this (+-20 %)
+write_status = true                # report what this node did in each CR's status
+events = true                      # events on the pods a CR re-pinned and on malformed CRs
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from anolisnuma.configfile import ConfigError, Table
+
+
+@dataclass
+class KubernetesConfig:
+    kubeconfig: str = ""
+    node_name: str = ""
+    request_timeout_seconds: float = 10.0
+    watch_timeout_seconds: float = 300.0
+    backoff_max_seconds: float = 60.0
+    write_status: bool = True
+    events: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.kubeconfig)
+
+    @classmethod
+    def from_table(cls, t: Table) -> "KubernetesConfig":
+        kubeconfig = t.str("kubeconfig", "")
+        if kubeconfig and not kubeconfig.startswith("/"):
+            raise ConfigError(t.key("kubeconfig"), f"must be an absolute path or empty; got {kubeconfig!r}")
+        node_name = t.str("node_name", "")
+        if node_name != node_name.strip():
+            raise ConfigError(t.key("node_name"), "must not start or end with whitespace")
+        cfg = cls(
+            kubeconfig=kubeconfig,
+            node_name=node_name,
+            request_timeout_seconds=t.float("request_timeout_seconds", 10.0, min=0.1, max=600),
+            watch_timeout_seconds=t.float("watch_timeout_seconds", 300.0, min=1, max=3600),
+            backoff_max_seconds=t.float("backoff_max_seconds", 60.0, min=0.5, max=3600),
+            write_status=t.bool("write_status", True),
+            events=t.bool("events", True),
+        )
+        t.finish()
+        return cfg

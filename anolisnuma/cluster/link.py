@@ -1,0 +1,91 @@
+"""``ClusterLink``: one node's link to the API server, built by the NUMA hook.
+
+It holds the CRs seen, loads the last rules saved (so they apply from the first
+CreateContainer after a restart, whether or not the API server answers), and hands the
+daemon its loops: ``cluster-watch`` (list + watch), ``cluster-rules`` (rules, re-pins,
+status) and ``cluster-events`` (events on pods and CRs). :meth:`ClusterLink.status` is
+what ``anolisnuma-ctl status`` shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+import structlog
+
+from anolisnuma.cluster.api import ApiClient
+from anolisnuma.cluster.config import KubernetesConfig
+from anolisnuma.cluster.events import EventRecorder
+from anolisnuma.cluster.kubeconfig import load_kubeconfig
+from anolisnuma.cluster.oenumas import OenumaSet, RuleBook, RulesFile
+from anolisnuma.cluster.report import StatusReporter
+from anolisnuma.cluster.sync import ClusterSync
+from anolisnuma.cluster.watcher import OenumaWatcher
+from anolisnuma.controller import Controller
+
+log = structlog.get_logger("anolisnuma.cluster")
+
+
+class ClusterLink:
+    """``ClusterLink(config, placement, state_dir, node_name)``; raises
+    :class:`~anolisnuma.cluster.kubeconfig.KubeconfigError` when the kubeconfig is unusable."""
+
+    def __init__(self, config: KubernetesConfig, placement: Any, state_dir: str, node_name: str) -> None:
+        credentials = load_kubeconfig(config.kubeconfig)
+        self.config = config
+        self.node_name = node_name
+        self.crs = OenumaSet(node_name)
+        self.rules_file = RulesFile(state_dir)
+        self._wake_repin: Callable[[], None] = lambda: None
+        self.events = None
+        if config.events:
+            self.events = EventRecorder(ApiClient(credentials, config.request_timeout_seconds), node_name)
+        reporter = None
+        if config.write_status:
+            reporter = StatusReporter(ApiClient(credentials, config.request_timeout_seconds), node_name,
+                                      events=self.events)
+        self.sync = ClusterSync(placement, self.crs, RuleBook(node_name, placement.topology), self.rules_file,
+                                lambda: self._wake_repin(), reporter, events=self.events)
+        self.watcher = OenumaWatcher(ApiClient(credentials, config.request_timeout_seconds), self.crs,
+                                     self.sync.wake, watch_timeout=config.watch_timeout_seconds,
+                                     backoff_max=config.backoff_max_seconds)
+        saved = self.rules_file.load(node_name)
+        self.saved_crs = len(saved or ())
+        if saved:
+            self.crs.replace(saved)
+            self.sync.use_rules(persist=False)
+        log.info("Oenuma CRs watched from the API server", server=credentials.server, node_name=node_name,
+                 saved_crs=self.saved_crs, rules=len(self.rules()), status=config.write_status)
+
+    def controllers(self, wake_repin: Callable[[], None]) -> List[Controller]:
+        """The watch loop and the rules loop; ``wake_repin()`` makes the re-pinner apply
+        the re-pins the rules caused at once."""
+        self._wake_repin = wake_repin
+        return [self.watcher, self.sync] + ([self.events] if self.events is not None else [])
+
+    def rules(self) -> List[str]:
+        return [r.describe() for cr in self.sync.current for r in cr.rules]
+
+    def status(self) -> Dict[str, Any]:
+        """The connection, the CRs and the rules in force (plain data)."""
+        w = self.watcher
+        rules_from = "apiserver" if w.lists else ("saved" if self.saved_crs else "none")
+        return {"node_name": self.node_name, **w.connection(), "rules_from": rules_from,
+                "crs_naming_node": len(self.sync.current),
+                "crs_skipped": [cr.ref for cr in self.sync.current if cr.error],
+                "rules": self.rules(), **self.sync.counts(), **(self.events.counts() if self.events else {})}
+
+
+def cluster_link(config: Optional[KubernetesConfig], placement: Any, state_dir: str,
+                 node_name: str) -> Optional[ClusterLink]:
+    """The link when ``[kubernetes]`` names a kubeconfig; None (logged) when it names none
+    or an unusable one: the node then runs with its own rules only."""
+    if config is None or not config.enabled:
+        return None
+    from anolisnuma.cluster.kubeconfig import KubeconfigError
+
+    try:
+        return ClusterLink(config, placement, state_dir, config.node_name.lower() or node_name)
+    except KubeconfigError as e:
+        log.error("kubernetes.kubeconfig unusable; no Oenuma CRs from the API server", error=str(e))
+        return None

@@ -1,0 +1,214 @@
+"""The Oenuma CRs seen on the API server, and their placement rules for this node.
+
+Only what concerns this node is kept: a CR whose ``spec.node[]`` names it is kept trimmed
+to what a rule or a status needs (apiVersion, kind, name, namespace, uid, generation,
+resourceVersion, spec); any other CR is counted by its key alone. Memory therefore grows
+with the number of CRs in the cluster by a key each, and with the CRs naming this node by
+their specs; a watch that floods events replaces entries, it never adds any.
+
+Rules come from the same parser as the rule files (``policies/numa/rules.py``
+``parse_oenuma_documents``), one CR at a time: a malformed CR is reported and skipped, the
+others still apply. Precedence, documented in docs/cluster.md: config pins, then rule
+files, then CRs in namespace/name order; the first rule that names a pod wins.
+
+The CRs naming this node are persisted (``<state_dir>/cluster-oenumas.json``) whenever
+they change, and loaded at start: when the API server cannot be reached, the last rules
+seen still apply.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from anolisnuma.policies.numa.rules import (
+    OENUMA_API_VERSION, OENUMA_KIND, PinRule, RuleFileError, parse_oenuma_documents)
+from anolisnuma.policies.numa.topology import NumaTopology
+from anolisnuma.state.persist import atomic_write_json, load_json_state
+
+Key = Tuple[str, str]   # (namespace, name)
+STATE_FILE = "cluster-oenumas.json"
+STATE_VERSION = 1
+
+
+def key_of(obj: Any) -> Optional[Key]:
+    """``(namespace, name)`` of an API object; None when it has none (garbage)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    ns, name = meta.get("namespace"), meta.get("name")
+    if not isinstance(ns, str) or not isinstance(name, str) or not name:
+        return None
+    return ns, name
+
+
+def resource_version(obj: Any) -> str:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    rv = meta.get("resourceVersion") if isinstance(meta, dict) else None
+    return rv if isinstance(rv, str) else ""
+
+
+def names_node(obj: Dict[str, Any], node_name: str) -> bool:
+    """Whether a ``spec.node[]`` entry of the CR is named for ``node_name`` (case aside)."""
+    spec = obj.get("spec")
+    entries = spec.get("node") if isinstance(spec, dict) else None
+    if not isinstance(entries, list):
+        return False
+    want = node_name.strip().lower()
+    return any(isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"].strip().lower() == want
+               for e in entries)
+
+
+def trim(obj: Dict[str, Any]) -> Dict[str, Any]:
+    """What is kept of a CR: enough to make its rules and write its status. Not its
+    resourceVersion: a status written (by any node) changes that, not the rules."""
+    meta = obj.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "generation") if k in meta}
+    return {"apiVersion": obj.get("apiVersion", OENUMA_API_VERSION), "kind": obj.get("kind", OENUMA_KIND),
+            "metadata": kept, "spec": obj.get("spec")}
+
+
+class OenumaSet:
+    """The CRs seen (see the module docstring); thread-safe. ``version`` grows whenever
+    the CRs naming this node change."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self._lock = threading.Lock()
+        self._keys: Dict[Key, str] = {}            # every CR seen: its resourceVersion
+        self._mine: Dict[Key, Dict[str, Any]] = {}  # the CRs naming this node, trimmed
+        self.version = 0
+
+    def replace(self, objects: Iterable[Any]) -> bool:
+        """A full list: what is not in it is gone. True when the CRs naming us changed."""
+        keys: Dict[Key, str] = {}
+        mine: Dict[Key, Dict[str, Any]] = {}
+        for obj in objects:
+            key = key_of(obj)
+            if key is None:
+                continue
+            keys[key] = resource_version(obj)
+            if names_node(obj, self.node_name):
+                mine[key] = trim(obj)
+        with self._lock:
+            changed = mine != self._mine
+            self._keys, self._mine = keys, mine
+            if changed:
+                self.version += 1
+        return changed
+
+    def upsert(self, obj: Any) -> bool:
+        """ADDED or MODIFIED; True when the CRs naming us changed."""
+        key = key_of(obj)
+        if key is None:
+            return False
+        with self._lock:
+            self._keys[key] = resource_version(obj)
+            if names_node(obj, self.node_name):
+                new = trim(obj)
+                if self._mine.get(key) == new:
+                    return False
+                self._mine[key] = new
+            elif self._mine.pop(key, None) is None:
+                return False
+            self.version += 1
+            return True
+
+    def delete(self, obj: Any) -> bool:
+        key = key_of(obj)
+        if key is None:
+            return False
+        with self._lock:
+            self._keys.pop(key, None)
+            if self._mine.pop(key, None) is None:
+                return False
+            self.version += 1
+            return True
+
+    @property
+    def seen(self) -> int:
+        return len(self._keys)
+
+    def mine(self) -> Tuple[int, List[Dict[str, Any]]]:
+        """``(version, the CRs naming this node in namespace/name order)``."""
+        with self._lock:
+            return self.version, [self._mine[k] for k in sorted(self._mine)]
+
+
+@dataclass
+class CrRules:
+    """What one CR means for this node: its rules, the entries dropped (``problems``), or
+    why it was skipped as a whole (``error``)."""
+
+    key: Key
+    generation: int
+    uid: str
+    rules: List[PinRule] = field(default_factory=list)
+    problems: List[str] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.key[0]}/{self.key[1]}"
+
+
+class RuleBook:
+    """Turns the CRs naming this node into rules, parsing each CR again only when its
+    spec changed."""
+
+    def __init__(self, node_name: str, topology: NumaTopology) -> None:
+        self.node_name = node_name
+        self.topology = topology
+        self._parsed: Dict[Key, Tuple[Dict[str, Any], CrRules]] = {}
+
+    def rules_of(self, objects: List[Dict[str, Any]]) -> List[CrRules]:
+        out = []
+        parsed: Dict[Key, Tuple[Dict[str, Any], CrRules]] = {}
+        for obj in objects:
+            key = key_of(obj)
+            if key is None:
+                continue
+            known = self._parsed.get(key)
+            # (OenumaSet replaces a CR's object only when it changed: an unchanged CR is the
+            # same object, and a pass over a thousand CRs costs no comparison of their specs)
+            same = known is not None and (known[0] is obj or known[0] == obj)
+            cr = known[1] if known is not None and same else self._parse(key, obj)
+            parsed[key] = (obj, cr)
+            out.append(cr)
+        self._parsed = parsed
+        return out
+
+    def _parse(self, key: Key, obj: Dict[str, Any]) -> CrRules:
+        meta = obj.get("metadata") or {}
+        generation = meta.get("generation")
+        cr = CrRules(key=key, generation=generation if isinstance(generation, int) else 0,
+                     uid=str(meta.get("uid") or ""))
+        try:
+            cr.rules, cr.problems = parse_oenuma_documents([obj], f"apiserver {cr.ref}", self.node_name,
+                                                           self.topology)
+        except RuleFileError as e:
+            cr.error = " ".join(str(e).split())[:400]
+        return cr
+
+
+class RulesFile:
+    """``<state_dir>/cluster-oenumas.json``: the CRs naming this node, last seen."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = os.path.join(state_dir, STATE_FILE)
+
+    def save(self, node_name: str, objects: List[Dict[str, Any]]) -> None:
+        atomic_write_json(self.path, {"version": STATE_VERSION, "node_name": node_name,
+                                      "saved_at": round(time.time(), 3), "objects": objects})
+
+    def load(self, node_name: str) -> Optional[List[Dict[str, Any]]]:
+        """The CRs saved for ``node_name``; None when there is no usable file (absent,
+        corrupt, another version or another node's)."""
+        data = load_json_state(self.path)
+        if (not isinstance(data, dict) or data.get("version") != STATE_VERSION
+                or data.get("node_name") != node_name or not isinstance(data.get("objects"), list)):
+            return None
+        return [o for o in data["objects"] if isinstance(o, dict) and key_of(o) is not None]

@@ -1,0 +1,166 @@
+"""``StatusReporter``: this node's entries written into the Oenuma CRs' status.
+
+Each write is a server-side apply of ``/status`` under a field manager of this node's own
+(``anolisnuma/<node>``), so the API server merges the entries of several nodes into the
+list keyed by node name and no node overwrites another's. An entry is written when it
+differs from the one written last (its time fields aside), and removed (applied empty)
+when the CR stops naming this node. ``Applied``'s ``lastTransitionTime`` changes only when
+its status does. A CR deleted meanwhile (404) is forgotten; other failures are counted and
+the entry is tried again at the next pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import urllib.parse
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import structlog
+
+from anolisnuma.cluster.api import ApiClient, ApiError
+from anolisnuma.cluster.events import Event, EventRecorder, pod_regarding
+from anolisnuma.cluster.oenumas import CrRules, Key
+from anolisnuma.cluster.status import apply_body, node_entry
+from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND
+
+log = structlog.get_logger("anolisnuma.cluster")
+
+APPLY = "application/apply-patch+yaml"   # JSON is YAML
+MAX_TOLD = 1024
+
+
+def field_manager(node_name: str) -> str:
+    """``anolisnuma/<node>``; a name past the API server's 128 characters is shortened
+    with a hash of it (still one per node)."""
+    name = f"anolisnuma/{node_name}"
+    if len(name) <= 128:
+        return name
+    return name[:100] + "-" + hashlib.sha256(node_name.encode()).hexdigest()[:16]
+
+
+def rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+class StatusReporter:
+    """``StatusReporter(client, node_name)``; :meth:`report` once per pass of the rules loop."""
+
+    def __init__(self, client: ApiClient, node_name: str, clock: Callable[[], float] = time.time,
+                 events: Optional[EventRecorder] = None) -> None:
+        self.client = client
+        self.events = events
+        self._told: Dict[Tuple[Key, str, str], Tuple[str, str]] = {}   # (CR, pod) -> (state, cpuset) told
+        self.node_name = node_name
+        self.manager = field_manager(node_name)
+        self.clock = clock
+        self._written: Dict[Key, str] = {}                       # the entry last written, as JSON
+        self._inputs: Dict[Key, Tuple[CrRules, int]] = {}   # what it was made of (skips the making)
+        self._placed: Any = None                             # the placement entries were made from
+        self._placed_version = 0
+        self._transitions: Dict[Key, Tuple[str, str]] = {}       # Applied: (status, lastTransitionTime)
+        self.writes = 0
+        self.removals = 0
+        self.failures = 0
+        self.last_error = ""
+
+    def report(self, crs: List[CrRules], placement: Any, interrupted: Callable[[], bool] = lambda: False) -> int:
+        """Write every entry that changed (``placement`` is the PlacementService); returns
+        how many requests succeeded. When ``interrupted()`` turns true (the CRs changed
+        again), the entries left are written at the next pass: rules and re-pins come
+        before reports."""
+        allocations = placement.allocations()
+        pending: Set[str] = placement.pending_pods()
+        pool = placement.shared_pool
+        # an entry depends on its CR's rules and on this; when neither changed, it is not made
+        # again (a watch flood re-parses the CRs that changed, not every entry)
+        placed = (str(pool), frozenset(pending), tuple(sorted(
+            (a.pod_uid, a.namespace, a.name, a.nodes, str(a.home), str(a.mems), a.source,
+             placement.rule_failure(a.pod_uid)) for a in allocations)))
+        if placed != self._placed:
+            self._placed, self._placed_version = placed, self._placed_version + 1
+        done = 0
+        current = set()
+        for cr in crs:
+            current.add(cr.key)
+            made_of = self._inputs.get(cr.key)
+            # (the CR's rules are the same object until its spec changes: held here, its
+            # identity cannot be reused by another)
+            if interrupted() or (made_of is not None and made_of[0] is cr and made_of[1] == self._placed_version):
+                continue
+            entry = node_entry(self.node_name, cr, allocations, pool, placement.rule_of, pending,
+                               placement.rule_failure)
+            text = json.dumps(entry, sort_keys=True)
+            self._tell(cr, entry)
+            if self._written.get(cr.key) != text:
+                self._stamp(cr.key, entry)
+                if not self._apply(cr, entry):
+                    continue
+                self._written[cr.key] = text
+                self.writes += 1
+                done += 1
+            self._inputs[cr.key] = (cr, self._placed_version)
+        for key in [k for k in self._written if k not in current and not interrupted()]:
+            gone = CrRules(key=key, generation=0, uid="")
+            if self._apply(gone, None):
+                self.removals += 1
+                done += 1
+            self._written.pop(key, None)
+            self._inputs.pop(key, None)
+            self._transitions.pop(key, None)
+        return done
+
+    def _tell(self, cr: CrRules, entry: Dict[str, Any]) -> None:
+        """An event on each pod the CR re-pinned (a new cpuset, Pinned) or failed to."""
+        if self.events is None:
+            return
+        for pod in entry["pods"]:
+            key = (cr.key, pod["namespace"], pod["name"])
+            now = (pod["state"], pod.get("cpuset", ""))
+            if pod["state"] not in ("Pinned", "Failed") or self._told.get(key) == now:
+                continue
+            self._told[key] = now
+            where = (f"NUMA node {','.join(str(n) for n in pod['numaNodes'])}, cpuset {pod['cpuset']}"
+                     + (f", memset {pod['memset']}" if pod.get("memset") else ""))
+            if pod["state"] == "Pinned":
+                event = Event(pod_regarding(pod["namespace"], pod["name"], pod.get("uid", "")), "Normal",
+                              "NumaRepinned", "Repin", f"{self.node_name}: {where}, by Oenuma {cr.ref}")
+            else:
+                event = Event(pod_regarding(pod["namespace"], pod["name"], pod.get("uid", "")), "Warning",
+                              "NumaRuleFailed", "Repin",
+                              f"{self.node_name}: Oenuma {cr.ref} not applied: {pod.get('reason', '')}; "
+                              f"stays on {where}")
+            self.events.record(event)
+        if len(self._told) > 16 * MAX_TOLD:
+            self._told.clear()
+
+    def _stamp(self, key: Key, entry: Dict[str, Any]) -> None:
+        cond = entry["conditions"][0]
+        was = self._transitions.get(key)
+        when = was[1] if was is not None and was[0] == cond["status"] else rfc3339(self.clock())
+        self._transitions[key] = (cond["status"], when)
+        cond["lastTransitionTime"] = when
+
+    def _apply(self, cr: CrRules, entry: Optional[Dict[str, Any]]) -> bool:
+        ns, name = cr.key
+        path = (f"/apis/{OENUMA_API_VERSION}/namespaces/{urllib.parse.quote(ns, safe='')}/oenumas/"
+                f"{urllib.parse.quote(name, safe='')}/status?"
+                + urllib.parse.urlencode({"fieldManager": self.manager, "force": "true"}))
+        body = apply_body(cr, entry, self.node_name, rfc3339(self.clock()), OENUMA_API_VERSION, OENUMA_KIND)
+        try:
+            self.client.request("PATCH", path, body, content_type=APPLY)
+        except ApiError as e:
+            if e.status == 404:
+                return entry is None   # the CR is gone: nothing left to report on
+            self.failures += 1
+            if str(e)[:300] != self.last_error:
+                log.warning("cannot write Oenuma status; tried again at the next pass", cr=f"{ns}/{name}",
+                            error=str(e)[:300])
+            self.last_error = str(e)[:300]
+            return False
+        self.last_error = ""
+        return True
+
+    def counts(self) -> Dict[str, int]:
+        return {"status_writes": self.writes, "status_removals": self.removals, "status_failures": self.failures}

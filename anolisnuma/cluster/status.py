@@ -1,0 +1,103 @@
+"""What this node writes into an Oenuma's status: its ``status.nodes[]`` entry (pure).
+
+Per pod the CR names for this node: ``Pinned`` (the NUMA nodes, cpuset and memset it
+got), ``Pending`` (being re-pinned), ``Failed`` (why the rule could not be applied),
+``Overridden`` (a rule that comes first names it: config pins and rule files come before
+CRs) or ``Absent`` (no pod of that name is placed on this node). A CR skipped as malformed
+gets no pods and the reason in its problems and its ``Applied`` condition.
+
+The entry carries ``observedGeneration`` (the CR's ``metadata.generation`` it reports on)
+and one condition, ``Applied``: True when every pod present is pinned and no entry of the
+spec was dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from anolisnuma.cluster.oenumas import CrRules
+from anolisnuma.policies.numa.cpuset import CpuSet
+from anolisnuma.policies.numa.ledger import Allocation
+from anolisnuma.policies.numa.rules import PinRule
+
+MAX_PODS = 200       # per entry: a status stays small whatever the patterns match
+MAX_PROBLEMS = 20
+
+
+def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool: CpuSet,
+               rule_of: Callable[[Allocation], Optional[PinRule]], pending: Set[str],
+               failure: Callable[[str], str]) -> Dict[str, Any]:
+    """The ``status.nodes[]`` entry of ``node_name`` for ``cr`` (without its time fields)."""
+    pods: List[Dict[str, Any]] = []
+    seen: Set[Tuple[str, str]] = set()
+    if not cr.error:
+        for rule in cr.rules:
+            matched = [a for a in allocations if rule.matches(a.namespace, a.name)]
+            if not matched and (rule.namespace, rule.name) not in seen:
+                seen.add((rule.namespace, rule.name))
+                pods.append({"namespace": rule.namespace, "name": rule.name, "state": "Absent",
+                             "reason": "no pod of this name is placed on this node"})
+            for a in sorted(matched, key=lambda a: (a.namespace, a.name)):
+                if (a.namespace, a.name) in seen:
+                    continue
+                seen.add((a.namespace, a.name))
+                pods.append(_pod(a, rule, pool, rule_of(a), pending, failure(a.pod_uid)))
+    pods.sort(key=lambda p: (p["namespace"], p["name"]))
+    more = len(pods) - MAX_PODS
+    problems = ([cr.error] if cr.error else list(cr.problems))
+    if more > 0:
+        pods = pods[:MAX_PODS]
+        problems.append(f"{more} more pods not listed")
+    problems = problems[:MAX_PROBLEMS]
+    present = [p for p in pods if p["state"] != "Absent"]
+    pinned = sum(1 for p in present if p["state"] == "Pinned")
+    summary = f"{pinned}/{len(present)} pods pinned"
+    absent = len(pods) - len(present)
+    if absent:
+        summary += f", {absent} absent"
+    if cr.error:
+        summary = "malformed, skipped"
+        condition = ("False", "Malformed", cr.error)
+    elif pinned < len(present):
+        states = {p["state"] for p in present}
+        worst = next(st for st in ("Failed", "Pending", "Overridden") if st in states)
+        condition = ("False", worst,
+                     "; ".join(f"{p['namespace']}/{p['name']}: {p['state']} {p.get('reason', '')}".strip()
+                               for p in present if p["state"] != "Pinned")[:1000])
+    elif problems:
+        summary += f", {len(problems)} problems"
+        condition = ("False", "EntriesDropped", "; ".join(problems)[:1000])
+    else:
+        condition = ("True", "Applied", summary)
+    status, reason, message = condition
+    return {"name": node_name, "observedGeneration": cr.generation, "summary": summary, "pods": pods,
+            "problems": problems,
+            "conditions": [{"type": "Applied", "status": status, "reason": reason, "message": message,
+                            "observedGeneration": cr.generation}]}
+
+
+def _pod(a: Allocation, rule: PinRule, pool: CpuSet, winner: Optional[PinRule], pending: Set[str],
+         failure: str) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"namespace": a.namespace, "name": a.name, "uid": a.pod_uid,
+                           "numaNodes": list(a.nodes), "cpuset": str(a.cpus(pool)), "memset": str(a.mems)}
+    if winner != rule:
+        out.update(state="Overridden", reason=f"{winner.describe() if winner else 'another rule'} comes first")
+    elif a.pod_uid in pending:
+        out.update(state="Pending", reason="being re-pinned")
+    elif a.source != "rule":
+        out.update(state="Failed", reason=failure or "not placed by the rule")
+    else:
+        out["state"] = "Pinned"
+    return out
+
+
+def apply_body(cr: CrRules, entry: Optional[Dict[str, Any]], node_name: str, now: str,
+               api_version: str, kind: str) -> Dict[str, Any]:
+    """The server-side apply body for ``/status``: this node's entry (None removes it:
+    what a field manager stops applying is dropped) and the one-line report."""
+    status: Dict[str, Any] = {}
+    if entry is not None:
+        status = {"summary": f"{node_name}, gen {cr.generation}: {entry['summary']}",
+                  "nodes": [dict(entry, lastUpdateTime=now)]}
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": cr.key[1], "namespace": cr.key[0]},
+            "status": status}

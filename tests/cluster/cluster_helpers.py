@@ -1,0 +1,142 @@
+"""Helpers of the cluster tests: the control plane handle, a kubelet-like CRI client, a
+daemon on a fake 4-node topology with FakeCri as containerd and ``[kubernetes]`` on, and
+Oenuma manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from anolisnuma.config import Config
+from anolisnuma.testing.fake_cri import FakeCri
+from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
+from anolisnuma.testing.kubelet_client import Kubelet, Pod, sent_cpusets
+from anolisnuma.testing.kube_apiserver import PrivateControlPlane
+from anolisnuma.testing.proxy import REPO_ROOT, InProcessProxy, config_dict, write_config
+
+DEPLOY = os.path.join(REPO_ROOT, "deploy")
+SA_NAMESPACE = "anolisnuma-system"
+# 4 NUMA nodes of 2 CPUs each
+TOPOLOGY = FakeTopology(name="4x2", node_cpus={0: "0-1", 1: "2-3", 2: "4-5", 3: "6-7"},
+                        distances=[[10, 20, 20, 20], [20, 10, 20, 20], [20, 20, 10, 20], [20, 20, 20, 10]],
+                        memory_bytes={n: 4 * GIB for n in range(4)})
+
+
+def wait_for(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """The first truthy ``cond()`` within ``timeout`` seconds (a deadline, not a sleep)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@dataclass
+class Cluster:
+    cp: PrivateControlPlane
+    kubeconfig: str           # the anolisnuma ServiceAccount's
+
+    def apply(self, doc: str) -> None:
+        self.cp.kubectl("apply", "-f", "-", input=doc)
+
+    def oenuma(self, namespace: str, name: str) -> Any:
+        return self.cp.request("GET", f"/apis/resource.sop.huawei.com/v1alpha1/namespaces/{namespace}/oenumas/{name}")
+
+
+@dataclass
+class Node:
+    """One daemon: its in-process proxy, its FakeCri, a kubelet client."""
+
+    name: str
+    proxy: InProcessProxy
+    fake: FakeCri
+    kubelet: Kubelet
+    base: str
+
+    @property
+    def admin_socket(self) -> str:
+        return self.proxy.config.admin.socket
+
+    @property
+    def placement(self) -> Any:
+        from anolisnuma.admin.views import placement
+
+        return placement(self.proxy.daemon)
+
+    @property
+    def link(self) -> Any:
+        from anolisnuma.hooks.numa import NumaHook
+
+        return next(h.cluster for h in self.proxy.daemon.hooks if isinstance(h, NumaHook))
+
+    def nodes_of(self, pod: Pod) -> Optional[tuple]:
+        alloc = self.placement.ledger.get(pod.uid)
+        return None if alloc is None else tuple(alloc.nodes)
+
+    def repinned(self, container_id: str) -> List[str]:
+        """The cpusets containerd was sent for ``container_id`` by the re-pinner, in order."""
+        return sent_cpusets(self.fake, container_id)
+
+    def settled(self, pod: Pod, nodes: tuple) -> bool:
+        """The pod's allocation is on ``nodes`` and containerd got every container's cpuset."""
+        if self.nodes_of(pod) != nodes:
+            return False
+        want = str(self.placement.ledger.get(pod.uid).cpus(self.placement.shared_pool))
+        return all(self.repinned(cid)[-1:] == [want] for cid in pod.containers.values()) \
+            and not self.placement.pending_updates()
+
+
+def start_node(base: str, sockdir: str, kubeconfig: str, name: str, **kubernetes: Any) -> Node:
+    fake = FakeCri(os.path.join(sockdir, f"containerd-{name[-6:]}.sock"), containers=0, sandboxes=0).start()
+    data = config_dict(base, fake.socket_path, listen=os.path.join(sockdir, f"cri-{name[-6:]}.sock"), extra={
+        "log": {"stderr": False},
+        "admin": {"socket": os.path.join(sockdir, f"admin-{name[-6:]}.sock")},
+        "runtime": {"resync_interval_seconds": 0.0},
+        "numa": {"enabled": True, "namespaces": ["batch"], "node_name": name, "memory_pinning": "strict",
+                 "poll_interval_seconds": 0.1},
+        "kubernetes": dict({"kubeconfig": kubeconfig, "request_timeout_seconds": 3.0,
+                            "watch_timeout_seconds": 30.0, "backoff_max_seconds": 1.0}, **kubernetes),
+    })
+    TOPOLOGY.write(data["paths"]["sys_root"])
+    path = write_config(os.path.join(base, "config.toml"), data)
+    proxy = InProcessProxy(Config.load(path)).start()
+    proxy.wait_resynced()
+    return Node(name, proxy, fake, Kubelet(proxy.address), base)
+
+
+def ctl(*args: str) -> Tuple[int, str, str]:
+    """``anolisnuma-ctl ARGS`` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from anolisnuma.ctl import main as ctl_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = ctl_main.main(list(args))
+        except SystemExit as e:   # argparse
+            code = int(e.code or 0)
+    return code, out.getvalue(), err.getvalue()
+
+
+def stop_node(node: Node) -> None:
+    node.kubelet.close()
+    node.proxy.stop()
+    node.fake.stop(0)
+
+
+def oenuma(name: str, node: str, pins: Dict[str, int], namespace: str = "batch",
+           numa: Optional[List[Dict[str, Any]]] = None) -> str:
+    """An Oenuma manifest pinning each pod name of ``pins`` to its NUMA node on ``node``."""
+    entry: Dict[str, Any] = {"name": node, "podAffinity": [{"podName": p, "numaNum": n} for p, n in pins.items()]}
+    if numa is not None:
+        entry["numa"] = numa
+    return json.dumps({"apiVersion": "resource.sop.huawei.com/v1alpha1", "kind": "Oenuma",
+                       "metadata": {"name": name, "namespace": namespace}, "spec": {"node": [entry]}})

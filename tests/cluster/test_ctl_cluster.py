@@ -1,0 +1,42 @@
+"""What an operator types: ``anolisnuma-ctl kubeconfig`` from the ServiceAccount's token
+and the CA, and ``anolisnuma-ctl status`` showing the API server link."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+from cluster_helpers import Cluster, Node, ctl, oenuma, wait_for
+
+
+def test_ctl_kubeconfig_writes_a_working_kubeconfig(cluster: Cluster, tmp_path) -> None:
+    creds = json.loads(open(cluster.kubeconfig).read())
+    token_file = creds["users"][0]["user"]["tokenFile"]
+    out = str(tmp_path / "etc" / "kubeconfig")
+    code, text, err = ctl("kubeconfig", "--server", cluster.cp.server, "--ca", cluster.cp.ca_file,
+                          "--token-file", token_file, "--out", out, "--check")
+    assert code == 0, err
+    assert "check: listed Oenuma CRs" in text and stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    # a token the API server does not know is caught by --check
+    bad = tmp_path / "bad.token"
+    bad.write_text("not-a-token\n")
+    code, text, err = ctl("kubeconfig", "--server", cluster.cp.server, "--ca", cluster.cp.ca_file,
+                          "--token-file", str(bad), "--out", out, "--check")
+    assert code == 1 and "401" in err
+
+
+def test_ctl_status_shows_the_api_server_link(cluster: Cluster, node: Node) -> None:
+    cluster.apply(oenuma("status-demo", node.name, {"demo-*": 1}))
+    wait_for(lambda: node.link.status()["rules"], "the CR's rules in force")
+    code, text, err = ctl("--admin-socket", node.admin_socket, "status")
+    assert code == 0, err
+    line = next(ln for ln in text.splitlines() if ln.startswith("api server"))
+    assert "synced (" + cluster.cp.server in line and "naming " + node.name in line and "from apiserver" in line
+    assert "events sent" in line
+    assert "batch/demo-* -> node 1" in text
+    code, text, err = ctl("--admin-socket", node.admin_socket, "-o", "json", "status")
+    c = json.loads(text)["cluster"]
+    assert c["state"] == "synced" and c["crs_naming_node"] == 1 and c["last_sync"]
+    assert {"cluster-watch", "cluster-rules"} <= set(json.loads(text)["controllers"])
+    cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "status-demo")

@@ -1,0 +1,69 @@
+"""The ``[kubernetes]`` section and the node's kubeconfig (no API server needed)."""
+
+from __future__ import annotations
+
+import base64
+import os
+
+import pytest
+
+from anolisnuma.cluster.config import KubernetesConfig
+from anolisnuma.cluster.kubeconfig import KubeconfigError, load_kubeconfig, parse_kubeconfig, render_kubeconfig
+from anolisnuma.config import Config
+from anolisnuma.configfile import ConfigError, Table
+
+CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+def test_off_by_default_and_strict() -> None:
+    cfg = Config.from_dict({})
+    assert not cfg.kubernetes.enabled and cfg.kubernetes.write_status
+    on = KubernetesConfig.from_table(Table({"kubeconfig": "/etc/anolisnuma/kubeconfig", "node_name": "w1"},
+                                           "kubernetes"))
+    assert on.enabled and on.node_name == "w1" and on.request_timeout_seconds == 10.0
+    for bad, key in (({"kubeconfig": "rel/path"}, "kubernetes.kubeconfig"),
+                     ({"watch_timeout_seconds": 0}, "kubernetes.watch_timeout_seconds"),
+                     ({"node_name": " w1"}, "kubernetes.node_name"), ({"nope": 1}, "kubernetes.nope")):
+        with pytest.raises(ConfigError) as e:
+            Config.from_dict({"kubernetes": bad})
+        assert e.value.key == key
+
+
+def test_token_file_relative_to_the_kubeconfig_and_read_at_each_connection(tmp_path) -> None:
+    (tmp_path / "token").write_text("one\n")
+    (tmp_path / "ca.crt").write_text(CA)
+    path = tmp_path / "kubeconfig"
+    path.write_text(render_kubeconfig("https://10.0.0.1:6443", CA, token_file="token"))
+    creds = load_kubeconfig(str(path))
+    assert (creds.host, creds.port, creds.ca_pem) == ("10.0.0.1", 6443, CA)
+    assert creds.token_file == str(tmp_path / "token") and creds.bearer() == "one"
+    (tmp_path / "token").write_text("two\n")       # rotated
+    assert creds.bearer() == "two"
+
+
+@pytest.mark.parametrize("user, cluster, problem", [
+    ({"exec": {"command": "aws"}}, {}, "user.exec is not supported"),
+    ({"token": "t"}, {"insecure-skip-tls-verify": True}, "insecure-skip-tls-verify is refused"),
+    ({"token": "t"}, {"server": "http://10.0.0.1"}, "must be an https:// URL"),
+    ({}, {}, "no token, tokenFile or client certificate"),
+    ({"client-certificate-data": base64.b64encode(b"x").decode()}, {}, "both client-certificate and client-key"),
+    ({"token": "t"}, {"certificate-authority": "missing.crt"}, "certificate-authority"),
+])
+def test_unusable_kubeconfigs_are_refused_naming_the_key(tmp_path, user, cluster, problem) -> None:
+    doc = {"current-context": "c", "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+           "clusters": [{"name": "k", "cluster": dict({"server": "https://10.0.0.1"}, **cluster)}],
+           "users": [{"name": "u", "user": user}]}
+    with pytest.raises(KubeconfigError) as e:
+        parse_kubeconfig(doc, str(tmp_path / "kubeconfig"))
+    assert problem in str(e.value)
+
+
+def test_garbage_files(tmp_path) -> None:
+    for text, problem in (("[", "not YAML"), ("- 1", "not a mapping"), ("{}", "no contexts")):
+        p = tmp_path / "k"
+        p.write_text(text)
+        with pytest.raises(KubeconfigError) as e:
+            load_kubeconfig(str(p))
+        assert problem in str(e.value)
+    with pytest.raises(KubeconfigError):
+        load_kubeconfig(os.path.join(str(tmp_path), "absent"))
