@@ -207,8 +207,15 @@ class RulesFile:
     def load(self, node_name: str) -> Optional[List[Dict[str, Any]]]:
         """The CRs saved for ``node_name``; None when there is no usable file (absent,
         corrupt, another version or another node's)."""
-        data = load_json_state(self.path)
-        if (not isinstance(data, dict) or data.get("version") != STATE_VERSION
-                or data.get("node_name") != node_name or not isinstance(data.get("objects"), list)):
+        data = load_json_state(self.path, STATE_VERSION, _saved_objects)
+        if data is None or data[0] != node_name:   # another node's: this node has none saved
             return None
-        return [o for o in data["objects"] if isinstance(o, dict) and key_of(o) is not None]
+        return data[1]
+
+
+def _saved_objects(data: Dict[str, Any]) -> Tuple[Any, List[Dict[str, Any]]]:
+    """(node name, the CRs) of a rules file's content; ValueError when it is not one."""
+    objects = data.get("objects")
+    if not isinstance(objects, list):
+        raise ValueError("objects: must be a list")
+    return data.get("node_name"), [o for o in objects if isinstance(o, dict) and key_of(o) is not None]
