@@ -415,8 +415,9 @@ class QosHook(Hook, PodStateHolder):
         Without the pod's cgroup either, the pod went too, or the cgroups are not where
         they are looked for: warned."""
         if self.cgroups.exists(pod.cgroup.rel) or self.cgroups.exists(pod.cgroup.rel, "memory"):
-            self.log.info("container ended before its knobs were written (its cgroup is gone: stopped "
-                          "or exited right after it started); nothing to apply",
+            self.log.info("container cgroup not there after start, under its pod's cgroup: the container "
+                          "stopped or exited at once (nothing to apply), or its cgroup comes later (the "
+                          "reconciler applies it then)",
                           pod=pod.ref, container=ctr.container_id, path=ctr.rel)
         else:
             self.log.warning("container cgroup not found after start; knobs not written",

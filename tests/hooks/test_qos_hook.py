@@ -328,7 +328,7 @@ def test_a_container_that_ended_before_its_start_post_hook_is_said_at_info(node)
         pod.start(cid, make=False)
     lines = [e for e in logs if "container" in e["event"] and e.get("container") == cid]
     assert [e["log_level"] for e in lines] == ["info"], lines
-    assert lines[0]["event"].startswith("container ended before its knobs were written")
+    assert lines[0]["event"].startswith("container cgroup not there after start, under its pod's cgroup")
 
 
 def test_unknown_cgroup_parent_is_skipped_without_error(node):
