@@ -31,7 +31,7 @@ COMMIT | tar -x -C DIR``): a tree without the ``structures`` section reports wha
 status, ``pods`` and ``numa`` show (the journal's pods, the store, the NUMA allocations).
 ``--quick`` runs 150 lifecycles (about a minute) for CI smoke use. The exit code is 0 even
 when a target is missed (it is a benchmark, not a test); 1 when the soak could not run,
-130 when interrupted. ``tests/e2e/test_churn_e2e.py`` runs a short soak with this code.
+130 when interrupted. The daemon's log is kept at /tmp/anolisnuma-churn-last-daemon.log. ``tests/e2e/test_churn_e2e.py`` runs a short soak with this code.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from anolisnuma.testing.fake_sysfs import GIB, FakeTopology  # noqa: E402
 
 BASE_PREFIX = "/tmp/anolisnuma-churn-"
 RUN_PREFIX = "/run/anolisnuma-churn-"
+LAST_LOG = "/tmp/anolisnuma-churn-last-daemon.log"
 NS = "churn"                        # the namespace NUMA manages
 BAD_HANDLER = "churn-no-such-runtime-handler"
 QOS_LEVELS = ("BE", "LS", "LSR", "LSE")
@@ -473,6 +474,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             soak.stop()
             if soak.daemon is not None:
                 results["daemon_log"] = soak.daemon.log_problems()
+                try:   # kept: the base directory goes
+                    shutil.copyfile(soak.daemon.log_path, LAST_LOG)
+                    results["daemon_log"]["kept_at"] = LAST_LOG
+                except OSError:
+                    pass
                 problems = results["daemon_log"]["problems"]
                 if problems:
                     print("daemon warnings and errors: " + "; ".join(f"{n}x {k}" for k, n in problems.items()))
