@@ -35,6 +35,19 @@ def status_when_up(admin_socket: str) -> Optional[Dict[str, Any]]:
         return None
 
 
+def wait_until(cond: Callable[[], Any], what: str, timeout: float) -> Any:
+    """The first truthy ``cond()`` within ``timeout`` seconds (a deadline, not a sleep);
+    AssertionError naming ``what`` after it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:
     """Poll ``cond`` until it is true; AssertionError naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout

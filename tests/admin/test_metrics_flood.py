@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from anolisnuma.ctl.client import CtlError, ask
+from anolisnuma.testing import daemon_probes as probes
 from anolisnuma.testing.daemon_probes import fds
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.http_flood import Flood
@@ -74,14 +75,7 @@ def threads(pid: int) -> int:
 
 
 def wait_until(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    return probes.wait_until(cond, what, timeout)
 
 
 @pytest.fixture

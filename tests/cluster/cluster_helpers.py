@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from anolisnuma.config import Config
+from anolisnuma.testing.daemon_probes import wait_until
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.kubelet_client import Kubelet, Pod, sent_cpusets
@@ -27,14 +27,7 @@ TOPOLOGY = FakeTopology(name="4x2", node_cpus={0: "0-1", 1: "2-3", 2: "4-5", 3: 
 
 def wait_for(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
     """The first truthy ``cond()`` within ``timeout`` seconds (a deadline, not a sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    return wait_until(cond, what, timeout)
 
 
 @dataclass
