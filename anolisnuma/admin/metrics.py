@@ -258,7 +258,8 @@ class DaemonCollector:
                                ("last_event", "last_watch_event", "when the last watch event or bookmark came")):
             if st.get(key):
                 yield GaugeMetricFamily(P + f"cluster_{name}_timestamp_seconds", doc + " (Unix time)", value=st[key])
-        yield GaugeMetricFamily(P + "cluster_crs_seen", "Oenuma CRs seen on the API server", value=st.get("crs_seen", 0))
+        yield GaugeMetricFamily(P + "cluster_crs_seen", "Oenuma CRs seen on the API server",
+                                value=st.get("crs_seen", 0))
         yield GaugeMetricFamily(P + "cluster_crs_naming_node", "Oenuma CRs naming this node",
                                 value=st.get("crs_naming_node", 0))
         yield GaugeMetricFamily(P + "cluster_crs_skipped", "Oenuma CRs naming this node skipped as malformed",

@@ -6,7 +6,6 @@ sends them to a real API server)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any, List
 
 from anolisnuma.cluster.events import BURST, QUEUE, EventRecorder
@@ -81,21 +80,18 @@ def test_the_sink_queues_counts_drops_and_never_raises() -> None:
     assert rec.dropped_rate == 3 and len(rec._queue) == BURST
 
 
-def test_a_full_queue_drops_in_constant_time_and_holds_no_more() -> None:
-    """The sender is stuck (the API server slow): recording goes on at queue-append speed,
-    the queue never holds more than QUEUE, and the rest is dropped and counted."""
+def test_a_full_queue_holds_no_more_and_counts_the_rest() -> None:
+    """The sender is stuck (the API server slow): recording goes on, the queue never holds
+    more than QUEUE, and the rest is dropped and counted."""
     now = [1000.0]
     rec = recorder(now)
     sink = PodEventSink(rec, "n1")
     pods = [PodRef("batch", f"p{i}", f"u{i}") for i in range(4 * QUEUE)]
-    t = time.perf_counter()
     for p in pods:
         sink(QosApplied(p, "LS", "default", knobs=(("memory.priority", 10),)))
-    per_call = (time.perf_counter() - t) / len(pods)
     assert len(rec._queue) == QUEUE and rec.dropped_full == 3 * QUEUE
     assert sink.counts() == {"QosApplied": QUEUE, "dropped": 3 * QUEUE}
     assert rec.counts()["events_queued"] == QUEUE
-    print(f"record per decision: {per_call * 1e6:.1f} us")
 
 
 class _Hook:
