@@ -331,7 +331,8 @@ class QosApplier:
             # Told once: at creation, or when a pass first finds the values not there yet
             # (a pod whose values a restart finds in place was told before the restart).
             if first and pod.told is not None and (not compare or report.written or report.errors):
-                self._tell(pod, pod.told, report)
+                told, pod.told = pod.told, None
+                self._tell(pod, told, report)
         return report
 
     def _tell(self, pod: ManagedPod, told: QosApplied, report: ApplyReport) -> None:
