@@ -14,5 +14,7 @@ API server, whatever state it is in.
   reconnect with backoff and jitter);
 - ``sync.py``: the ``cluster-rules`` loop (rules to the placement service, which re-pins
   the running pods they name; status back to each CR);
-- ``status.py``: what this node writes into a CR's ``status.nodes[]`` (pure).
+- ``status.py``: what this node writes into a CR's ``status.nodes[]`` (pure);
+- ``events.py``: the ``cluster-events`` loop (events sent, in series, rate-limited);
+  ``pod_events.py``: the policies' decisions about pods worded as events on them.
 """
