@@ -84,8 +84,9 @@ class RespreadConfig:
 
     enabled: bool = True
     interval_seconds: float = 30.0
-    threshold_cpus: float = 4.0
+    threshold_cpus: float = 8.0
     pods_threshold: int = 2
+    settle_seconds: float = 60.0
     max_moves_per_interval: int = 2
     cooldown_seconds: float = 600.0
 
@@ -98,8 +99,9 @@ class RespreadConfig:
         cfg = cls(
             enabled=t.bool("enabled", True),
             interval_seconds=t.float("interval_seconds", 30.0, min=1.0, max=86400),
-            threshold_cpus=t.float("threshold_cpus", 4.0, min=0.5, max=4096),
+            threshold_cpus=t.float("threshold_cpus", 8.0, min=0.5, max=4096),
             pods_threshold=t.int("pods_threshold", 2, min=2, max=10000),
+            settle_seconds=t.float("settle_seconds", 60.0, min=0, max=86400),
             max_moves_per_interval=t.int("max_moves_per_interval", 2, min=1, max=1000),
             cooldown_seconds=t.float("cooldown_seconds", 600.0, min=0, max=86400 * 7),
         )

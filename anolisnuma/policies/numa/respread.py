@@ -8,9 +8,11 @@ constraints) into the few moves that bring the nodes back within a threshold.
 
 The measure is the one balance equalizes: a node's **free** milli-CPUs, its shared-pool
 capacity (1000 per CPU; exclusive CPUs are not in the pool) minus the demands of the pods
-on it. The **spread** is max - min free over the nodes that have shared CPUs. Pods that
-demand nothing (no request, no limit) do not change it; balance spreads them by count, and
-so does the second stage here, on the number of such pods per node.
+on it. The **spread** is the most free on any node with shared CPUs minus the least free on
+a node that carries some demand: a node with nothing on it is as free as it can be, even
+when the kubelet's exclusive CPUs left it little (no move can help there, and none is made
+for it). Pods that demand nothing (no request, no limit) do not change it; balance spreads
+them by count, and so does the second stage here, on the number of such pods per node.
 
 Every move takes a unit of demand ``d`` from a node ``a`` to a node ``b`` with
 ``free[a] < free[b]`` and ``0 < d < free[b] - free[a]``: both nodes end within
@@ -127,11 +129,26 @@ def _charge(free: Dict[int, int], cap: Mapping[int, int], nodes: Sequence[int], 
         left -= share
 
 
-def spread(values: Mapping[int, int]) -> int:
-    """max - min of per-node values (0 with fewer than two nodes)."""
+def spread(values: Mapping[int, int], loaded: Optional[Mapping[int, int]] = None) -> int:
+    """max - min of per-node values (0 with fewer than two nodes). With ``loaded`` (demand
+    per node), the min is taken over the nodes with a demand only (0 when there is none)."""
     if len(values) < 2:
         return 0
-    return max(values.values()) - min(values.values())
+    if loaded is None:
+        return max(values.values()) - min(values.values())
+    low = [v for n, v in values.items() if loaded.get(n, 0) > 0]
+    return max(max(values.values()) - min(low), 0) if low else 0
+
+
+def load_per_node(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod]) -> Dict[int, int]:
+    """Milli-CPUs demanded on each node with shared CPUs (capacity minus free)."""
+    cap = node_capacity(topology, pool)
+    return {n: cap[n] - v for n, v in free_per_node(topology, pool, pods).items()}
+
+
+def cpu_spread(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod]) -> int:
+    """The spread re-spread acts on, in milli-CPUs (see the module's docstring)."""
+    return spread(free_per_node(topology, pool, pods), load_per_node(topology, pool, pods))
 
 
 def idle_pods_per_node(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod]) -> Dict[int, int]:
@@ -223,6 +240,7 @@ def plan_respread(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, Sprea
     """
     c = constraints if constraints is not None else RespreadConstraints()
     free = free_per_node(topology, pool, pods)
+    load = load_per_node(topology, pool, pods)
     if len(free) < 2:
         return []
     units = movable_units(topology, pool, pods, groups, c)
@@ -231,27 +249,27 @@ def plan_respread(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, Sprea
     moved: set = set()
 
     cpu_units = [u for u in units if u.millicpu > 0]
-    budget = _stage(topology, STAGE_CPU, free, free, cpu_units, lambda u: u.millicpu, c.threshold_millicpu,
-                    budget, moved, moves)
+    budget = _stage(topology, STAGE_CPU, free, free, load, cpu_units, lambda u: u.millicpu,
+                    c.threshold_millicpu, budget, moved, moves)
     if budget > 0:
         counts = idle_pods_per_node(topology, pool, apply_respread(pods, moves))
         # "free" for the count stage: minus the count, so that emptier is larger as for CPUs
         neg = {n: -v for n, v in counts.items()}
         idle_units = [u for u in units if u.millicpu <= 0]
-        _stage(topology, STAGE_COUNT, neg, free, idle_units, lambda u: len(u.pods),
+        _stage(topology, STAGE_COUNT, neg, free, None, idle_units, lambda u: len(u.pods),
                max(int(c.pods_threshold), 2) - 1, budget, moved, moves)
     return moves
 
 
 def _stage(topology: NumaTopology, stage: str, value: Dict[int, int], free_cpu: Dict[int, int],
-           units: List[_Unit], weight_of: Any, threshold: int, budget: int, moved: set,
-           moves: List[RespreadMove]) -> int:
-    """Greedy moves on ``value`` (larger = emptier) while its spread exceeds ``threshold``;
-    ``value`` (and ``free_cpu``, for the room check) are updated in place. Returns the
-    budget left."""
+           load: Optional[Dict[int, int]], units: List[_Unit], weight_of: Any, threshold: int, budget: int,
+           moved: set, moves: List[RespreadMove]) -> int:
+    """Greedy moves on ``value`` (larger = emptier) while its spread (over ``load``'s
+    loaded nodes, when given) exceeds ``threshold``; ``value``, ``free_cpu`` (for the room
+    check) and ``load`` are updated in place. Returns the budget left."""
     nodes = sorted(value)
     while budget > 0:
-        now = spread(value)
+        now = spread(value, load)
         if now <= threshold:
             break
         sumsq = sum(v * v for v in value.values())
@@ -271,10 +289,16 @@ def _stage(topology: NumaTopology, stage: str, value: Dict[int, int], free_cpu: 
                 after = dict(value)
                 after[a] += w
                 after[b] -= w
+                after_load = None
+                if load is not None:
+                    after_load = dict(load)
+                    after_load[a] -= w
+                    after_load[b] += w
+                new_spread = spread(after, after_load)
                 new_sumsq = sumsq + 2 * w * (w - gap)
-                key = (spread(after), new_sumsq, len(u.pods), topology.distance(a, b), u.pods, b)
+                key = (new_spread, new_sumsq, len(u.pods), topology.distance(a, b), u.pods, b)
                 if best_key is None or key < best_key:
-                    best_key, best = key, (u, b, spread(after))
+                    best_key, best = key, (u, b, new_spread)
         if best is None:
             break
         u, b, after_spread = best
@@ -284,6 +308,9 @@ def _stage(topology: NumaTopology, stage: str, value: Dict[int, int], free_cpu: 
                                   free_to=value[b]))
         value[a] += w
         value[b] -= w
+        if load is not None:
+            load[a] -= w
+            load[b] += w
         if value is not free_cpu:
             free_cpu[a] += u.millicpu
             free_cpu[b] -= u.millicpu
@@ -306,21 +333,33 @@ def apply_respread(pods: Mapping[str, SpreadPod], moves: Iterable[RespreadMove])
 class RespreadPacer:
     """When to plan and how many pods may still move (pure; the caller gives the clock).
 
-    A plan is due when what it depends on changed since the last plan (``signature``: the
-    pool, the pods, their nodes and demands; a departure or the pool growing back changes
-    it) or ``interval`` seconds passed (cool-downs end, groups change). At most
-    ``max_moves`` pods move within any ``interval`` seconds (a sliding window).
+    A plan is due once the spread has stayed over the threshold for ``settle`` seconds (the
+    caller says at every check whether it is over; arrivals often fill a gap a departure
+    left, and then nothing needs to move), and then when what the plan depends on changed
+    since the last plan (``signature``: the pool, the pods, their nodes and demands) or
+    ``interval`` seconds passed (cool-downs end, groups change). At most ``max_moves`` pods
+    move within any ``interval`` seconds (a sliding window).
     """
 
-    def __init__(self, interval: float, max_moves: int) -> None:
+    def __init__(self, interval: float, max_moves: int, settle: float = 0.0) -> None:
         self.interval = float(interval)
         self.max_moves = int(max_moves)
+        self.settle = float(settle)
         self._last_plan: Optional[float] = None
         self._signature: Any = None
+        self._over_since: Optional[float] = None
         self._moves: Deque[float] = deque()
 
-    def due(self, now: float, signature: Any) -> Optional[str]:
-        """Why a plan is due now ("start", "changed", "periodic"), or None."""
+    def due(self, now: float, signature: Any, over: bool = True) -> Optional[str]:
+        """Why a plan is due now ("start", "changed", "periodic"), or None. ``over``: the
+        spread exceeds the threshold now."""
+        if not over:
+            self._over_since = None
+            return None
+        if self._over_since is None:
+            self._over_since = now
+        if now - self._over_since < self.settle:
+            return None
         if self._last_plan is None:
             return "start"
         if signature != self._signature:
@@ -328,6 +367,10 @@ class RespreadPacer:
         if now - self._last_plan >= self.interval:
             return "periodic"
         return None
+
+    def over_for(self, now: float) -> float:
+        """Seconds the spread has been over the threshold (0 when it is not)."""
+        return 0.0 if self._over_since is None else now - self._over_since
 
     def planned(self, now: float, signature: Any) -> None:
         self._last_plan = now

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.respread import (
-    STAGE_COUNT, STAGE_CPU, RespreadConstraints, RespreadPacer, SpreadPod, apply_respread, free_per_node,
-    idle_pods_per_node, movable_units, plan_respread, spread)
+    STAGE_COUNT, STAGE_CPU, RespreadConstraints, RespreadPacer, SpreadPod, apply_respread, cpu_spread,
+    free_per_node, idle_pods_per_node, load_per_node, movable_units, plan_respread, spread)
 from anolisnuma.policies.numa.topology import NumaTopology
 from anolisnuma.testing import fake_sysfs as F
 
@@ -40,6 +40,19 @@ def test_free_per_node_is_capacity_minus_demand_and_skips_nodes_without_shared_c
     pool = ALL - CpuSet.parse("0-31")
     assert set(free_per_node(KUNPENG, pool, pods)) == {1, 2, 3}
     assert spread({0: 5, 1: 9}) == 4 and spread({0: 5}) == 0
+    # the least free counts only where something is placed: an empty node is as free as it gets
+    assert spread({0: 2, 1: 12, 2: 9}, {0: 0, 1: 20, 2: 23}) == 3
+    assert spread({0: 2, 1: 12}, {0: 0, 1: 0}) == 0
+    assert load_per_node(KUNPENG, ALL, pods) == {0: 12 * CPU, 1: 2 * CPU, 2: 5 * CPU, 3: 5 * CPU}
+
+
+def test_a_node_the_kubelet_took_almost_all_of_is_no_reason_to_move():
+    # CPUs 0-29 exclusive: node 0 has 2 shared CPUs and nothing placed; the others 12-14 free
+    pool = ALL - CpuSet.parse("0-29")
+    pods = pods_on((1, 20), (2, 19), (3, 18))
+    assert spread(free_per_node(KUNPENG, pool, pods)) == 12 * CPU
+    assert cpu_spread(KUNPENG, pool, pods) == 2 * CPU
+    assert plan(pods, pool=pool) == []
 
 
 def test_balanced_nodes_need_no_move():
@@ -232,11 +245,12 @@ def test_property_a_plan_never_breaks_a_group_or_moves_a_fixed_pod_and_never_wid
             assert sorted(touched) == sorted(g)
             assert len({after[p].nodes for p in g}) == 1
     # the spread never grows: after every prefix of the plan, for both measures
-    before_cpu = spread(free_per_node(KUNPENG, pool, pods))
+    before_cpu = cpu_spread(KUNPENG, pool, pods)
     before_cnt = spread(idle_pods_per_node(KUNPENG, pool, pods))
     for k in range(1, len(moves) + 1):
         step = apply_respread(pods, moves[:k])
-        assert spread(free_per_node(KUNPENG, pool, step)) <= before_cpu
+        assert cpu_spread(KUNPENG, pool, step) <= before_cpu
+        assert spread(free_per_node(KUNPENG, pool, step)) <= spread(free_per_node(KUNPENG, pool, pods))
     carried_idle = any(m.stage == STAGE_CPU and any(pods[p].millicpu <= 0 for p in m.pods) for m in moves)
     # (a group moved for its CPUs may carry demand-free pods with it)
     assert spread(idle_pods_per_node(KUNPENG, pool, after)) <= before_cnt or carried_idle
@@ -258,7 +272,7 @@ def test_property_with_no_cap_the_spread_ends_within_the_threshold_or_no_move_is
     moves = plan_respread(KUNPENG, pool, pods, groups, c)
     after = apply_respread(pods, moves)
     free = free_per_node(KUNPENG, pool, after)
-    if spread(free) <= c.threshold_millicpu:
+    if cpu_spread(KUNPENG, pool, after) <= c.threshold_millicpu:
         return
     moved = {m.pods for m in moves}
     for u in movable_units(KUNPENG, pool, pods, groups, c):
