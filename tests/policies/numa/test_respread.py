@@ -181,6 +181,16 @@ def test_count_stage_details():
 
 # ---------------------------------------------------------------------------- the pacer
 
+def test_pacer_waits_for_the_spread_to_stay_over_the_threshold():
+    p = RespreadPacer(interval=30.0, max_moves=2, settle=60.0)
+    assert p.due(0.0, "a", over=True) is None and p.over_for(10.0) == 10.0
+    assert p.due(59.0, "a", over=True) is None
+    assert p.due(60.0, "a", over=True) == "start"
+    p.planned(60.0, "a")
+    assert p.due(70.0, "b", over=False) is None and p.over_for(70.0) == 0.0   # fell back: the clock restarts
+    assert p.due(100.0, "b", over=True) is None and p.due(160.0, "b", over=True) == "changed"
+
+
 def test_pacer_plans_on_change_or_every_interval_and_caps_moves_in_a_sliding_window():
     p = RespreadPacer(interval=30.0, max_moves=2)
     assert p.due(0.0, "a") == "start"
@@ -304,7 +314,8 @@ def test_numa_respread_section_defaults_and_checks():
     from anolisnuma.policies.numa.config import NumaConfig
 
     cfg = NumaConfig.from_table(Table({}, "numa")).respread
-    assert cfg.enabled is True and cfg.interval_seconds == 30.0 and cfg.threshold_millicpu == 4000
+    assert cfg.enabled is True and cfg.interval_seconds == 30.0 and cfg.threshold_millicpu == 8000
+    assert cfg.settle_seconds == 60.0
     assert (cfg.pods_threshold, cfg.max_moves_per_interval, cfg.cooldown_seconds) == (2, 2, 600.0)
     cfg = NumaConfig.from_table(Table({"respread": {"enabled": False, "threshold_cpus": 2.5}}, "numa")).respread
     assert cfg.enabled is False and cfg.threshold_millicpu == 2500
