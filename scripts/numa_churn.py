@@ -34,7 +34,7 @@ from anolisnuma.policies.numa.config import RespreadConfig
 from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.ledger import Allocation, Ledger
 from anolisnuma.policies.numa.respread import (
-    RespreadConstraints, RespreadPacer, SpreadPod, cpu_spread, free_per_node, plan_respread, spread)
+    RespreadConstraints, RespreadPacer, SpreadPod, cpu_spread, free_per_node, over_threshold, plan_respread, spread)
 from anolisnuma.policies.numa.topology import NumaTopology
 
 G_SHARE = 0.2            # of the arrivals: Guaranteed pods with exclusive CPUs
@@ -153,17 +153,15 @@ class ChurnNode:
         if self.pacer is None or self.config is None:
             return
         pods = {a.pod_uid: SpreadPod(a.nodes, a.demand_millicpu()) for a in self.ledger}
-        over = cpu_spread(self.topo, self.ledger.pool, pods) > self.config.threshold_millicpu
-        if self.pacer.due(now, self.version, over) is None:
+        c = RespreadConstraints(threshold_millicpu=self.config.threshold_millicpu,
+                                pods_threshold=self.config.pods_threshold, max_moves=self.pacer.budget(now),
+                                cooldown=self.config.cooldown_seconds, now=now, last_moved=self.last_moved)
+        if self.pacer.due(now, self.version, over_threshold(self.topo, self.ledger.pool, pods, c)) is None:
             return
-        budget = self.pacer.budget(now)
-        if budget <= 0:
+        if c.max_moves <= 0:
             return   # (due again at the next check, once the window has room)
         self.pacer.planned(now, self.version)
         self.plans += 1
-        c = RespreadConstraints(threshold_millicpu=self.config.threshold_millicpu,
-                                pods_threshold=self.config.pods_threshold, max_moves=budget,
-                                cooldown=self.config.cooldown_seconds, now=now, last_moved=self.last_moved)
         for m in plan_respread(self.topo, self.ledger.pool, pods, (), c):
             self.stages[m.stage] = self.stages.get(m.stage, 0) + len(m.pods)
             for uid in m.pods:

@@ -161,6 +161,16 @@ def idle_pods_per_node(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, 
     return out
 
 
+def over_threshold(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod],
+                   constraints: RespreadConstraints) -> bool:
+    """Whether the nodes are out of balance by the constraints' thresholds (the CPU spread
+    exceeds ``threshold_millicpu``, or the demand-free pods' count spread reaches
+    ``pods_threshold``): what the pacer's settle clock runs on."""
+    if cpu_spread(topology, pool, pods) > constraints.threshold_millicpu:
+        return True
+    return spread(idle_pods_per_node(topology, pool, pods)) >= max(int(constraints.pods_threshold), 2)
+
+
 # ---------------------------------------------------------------------------- units
 @dataclass
 class _Unit:
