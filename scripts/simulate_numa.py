@@ -3,6 +3,12 @@
 
     .venv/bin/python scripts/simulate_numa.py [--pods 500] [--seed 1] [--hook]
                                               [--workloads 10] [--fill 0.6 ...] [--intervals 30]
+                                              [--hours 24]
+
+The last table, churn over time (``scripts/numa_churn.py``): ``--hours`` of pods arriving
+and leaving on the Kunpeng 920, Guaranteed pods taking exclusive CPUs and giving them back;
+the spread over time (p50 / p95 / max, in CPUs) and the moves per pod lifetime of balance
+at arrival and of balance + re-spread (``[numa.respread]`` defaults).
 
 Two scenarios per topology:
 

@@ -28,8 +28,9 @@ min_improvement = 0.2                # a plan must cut this share of its pairs' 
 [numa.respread]                      # move pods back toward balance after departures
 enabled = true                       # (live moves, capped; only pods anolisnuma placed)
 interval_seconds = 30.0              # a plan at least this often, and the window of the cap
-threshold_cpus = 4.0                 # move while max - min free CPUs over the nodes exceeds this
+threshold_cpus = 8.0                 # move while max - min free CPUs over the nodes exceeds this
 pods_threshold = 2                   # ... or a node has this many more demand-free pods
+settle_seconds = 60.0                # ... and has for this long
 max_moves_per_interval = 2           # pods moved per interval, at most
 cooldown_seconds = 600.0             # a moved pod stays put at least this long
 ```
