@@ -20,7 +20,8 @@ container's own, so nothing is known earlier, and a sandbox that never gets a co
 never holds capacity.
 
 Background loops (:meth:`NumaHook.controllers`): the watcher of the kubelet checkpoint and
-rule files, the re-pinner, traffic affinity when ``[numa.affinity]`` is on, and the Oenuma
+rule files, the re-pinner, traffic affinity when ``[numa.affinity]`` is on, re-spread when
+``[numa.respread]`` is on (the default), and the Oenuma
 CRs of the API server when ``[kubernetes]`` names a kubeconfig (``anolisnuma/cluster``).
 """
 
@@ -84,6 +85,7 @@ class NumaHook(Hook):
         self.methods = _METHODS if config.enabled else frozenset()
         self.placement: Optional[PlacementService] = None
         self.affinity: Optional["AffinityController"] = None   # made by controllers() when on
+        self.respread: Any = None   # the RespreadController, made by controllers() when on
         self.cluster: Any = None   # anolisnuma.cluster.link.ClusterLink
         self.decisions: DecisionEvents = no_events
         if not config.enabled:
@@ -125,13 +127,21 @@ class NumaHook(Hook):
             if self.affinity is not None:
                 self.affinity.decisions = self.decisions
                 loops.append(self.affinity)
+        if self.config.respread.enabled:
+            from anolisnuma.reconcile.respread import RespreadController
+
+            aff = self.affinity   # (its groups move whole or not at all)
+            self.respread = RespreadController(self.placement, self.config.respread, apply=repinner.run_once,
+                                               groups=aff.affine_groups if aff is not None else None,
+                                               check_interval=self.config.poll_interval_seconds)
+            loops.append(self.respread)
         if self.cluster is not None:
             loops.extend(self.cluster.controllers(repinner.wake))
         return loops
 
     def holders(self) -> List[PodStateHolder]:
         """The placement service (the ledger) and the affinity controller's caches."""
-        return [h for h in (self.placement, self.affinity) if h is not None]
+        return [h for h in (self.placement, self.affinity, self.respread) if h is not None]
 
     # ================================================================== pipeline entry points
     def wants_pre(self, method: str) -> bool:

@@ -391,7 +391,7 @@ class PlacementService(PodStateHolder):
                 self._save()
 
     # ================================================================== live moves
-    def move(self, pod_uid: str, nodes: Sequence[int], reason: str = "") -> bool:
+    def move(self, pod_uid: str, nodes: Sequence[int], reason: str = "", source: str = "affinity") -> bool:
         """Move a running managed pod onto ``nodes``: check it may move and fits, move its
         allocation, persist, and list every container of the pod for the re-pinner
         (:meth:`pending_updates`) with the new ``cpuset_cpus`` and ``cpuset_mems``. On
@@ -401,7 +401,9 @@ class PlacementService(PodStateHolder):
         Refused (False, with a log line) when the pod is unknown, pinned by a rule, has
         kubelet-exclusive CPUs, has no container, is being moved already, is already there,
         or the target nodes lack shared CPUs or free capacity for its demand. A re-pin that
-        fails later rolls the move back (:meth:`apply_failed`).
+        fails later rolls the move back (:meth:`apply_failed`). ``source`` becomes the
+        allocation's source (who moved it: ``affinity``, ``respread``); ``reason`` is logged
+        with the move.
         """
         target = tuple(sorted(set(int(n) for n in nodes)))
         if not target:
@@ -437,7 +439,7 @@ class PlacementService(PodStateHolder):
                 log.info("live NUMA move refused", pod=alloc.ref, pod_uid=pod_uid, to_nodes=list(target), why=why,
                          reason=reason or None)
                 return False
-            self._start_move(alloc, placement, "affinity", old)
+            self._start_move(alloc, placement, source, old)
             self._save()
         return True
 

@@ -207,6 +207,12 @@ class AffinityController(Controller, PodStateHolder):
         self.last_moves = kept
         return kept
 
+    def affine_groups(self) -> List[tuple]:
+        """The pods joined by affine pairs now (pod uid tuples): re-spread moves each group
+        whole or not at all."""
+        with self._caches:
+            return [g.pods for g in self.graph.groups(self.config.threshold_bytes_per_second)]
+
     def _forget_pods(self, pods: Iterable[str]) -> None:
         for pod in pods:
             self.graph.forget_pod(pod)

@@ -68,8 +68,8 @@ def test_status_says_what_runs_and_how_it_goes(node):
     assert s["relay"]["buffer_limit_bytes"] == 64 << 20
     # every background loop, registered in one place, with its own counts
     loops = s["controllers"]
-    assert set(loops) == {"store-writer", "numa-watch", "numa-repin", "numa-affinity", "qos-reconcile",
-                          "runtime-resync"}
+    assert set(loops) == {"store-writer", "numa-watch", "numa-repin", "numa-affinity", "numa-respread",
+                          "qos-reconcile", "runtime-resync"}
     assert all(v["running"] and v["errors"] == 0 for v in loops.values()), loops
     assert loops["store-writer"]["runs"] >= 1 and loops["store-writer"]["interval_seconds"] == 0
     loops = wait_for(lambda: (lambda c: c if c["numa-affinity"]["samples"] >= 2 and c["numa-watch"]["runs"] >= 1
@@ -98,7 +98,8 @@ def test_status_says_what_runs_and_how_it_goes(node):
 def test_status_counts_what_is_kept_per_pod_and_all_of_it_goes_with_the_pods(node):
     pods = busy_node(node)
     kept = node.ctl_json("status")["structures"]
-    assert set(kept) == {"store", "recent_calls", "pod_locks", "journal", "numa", "numa-affinity", "qos"}
+    assert set(kept) == {"store", "recent_calls", "pod_locks", "journal", "numa", "numa-affinity", "numa-respread",
+                         "qos"}
     assert kept["store"] == {"pods": 6, "containers": 7}
     assert kept["journal"]["pods"] == 6 and kept["pod_locks"]["pods"] == 5   # the opted-out pod runs no hook
     assert kept["qos"]["pods"] == 4 and kept["numa"]["allocations"] >= 1

@@ -24,6 +24,15 @@ half_life_seconds = 30.0             # EWMA half-life of a pair's rate
 max_moves_per_interval = 2           # pods moved per interval, at most
 cooldown_seconds = 300.0             # a moved pod stays put at least this long
 min_improvement = 0.2                # a plan must cut this share of its pairs' distance cost
+
+[numa.respread]                      # move pods back toward balance after departures
+enabled = true                       # (live moves, capped; only pods anolisnuma placed)
+interval_seconds = 30.0              # a plan at least this often, and the window of the cap
+threshold_cpus = 8.0                 # move while max - min free CPUs over the nodes exceeds this
+pods_threshold = 2                   # ... or a node has this many more demand-free pods
+settle_seconds = 60.0                # ... and has for this long
+max_moves_per_interval = 2           # pods moved per interval, at most
+cooldown_seconds = 600.0             # a moved pod stays put at least this long
 ```
 """
 
@@ -70,6 +79,38 @@ class AffinityConfig:
 
 
 @dataclass
+class RespreadConfig:
+    """``[numa.respread]``: re-spread after departures and pool changes (docs/numa.md,
+    "Re-spread")."""
+
+    enabled: bool = True
+    interval_seconds: float = 30.0
+    threshold_cpus: float = 8.0
+    pods_threshold: int = 2
+    settle_seconds: float = 60.0
+    max_moves_per_interval: int = 2
+    cooldown_seconds: float = 600.0
+
+    @property
+    def threshold_millicpu(self) -> int:
+        return int(round(self.threshold_cpus * 1000))
+
+    @classmethod
+    def from_table(cls, t: Table) -> "RespreadConfig":
+        cfg = cls(
+            enabled=t.bool("enabled", True),
+            interval_seconds=t.float("interval_seconds", 30.0, min=1.0, max=86400),
+            threshold_cpus=t.float("threshold_cpus", 8.0, min=0.5, max=4096),
+            pods_threshold=t.int("pods_threshold", 2, min=2, max=10000),
+            settle_seconds=t.float("settle_seconds", 60.0, min=0, max=86400),
+            max_moves_per_interval=t.int("max_moves_per_interval", 2, min=1, max=1000),
+            cooldown_seconds=t.float("cooldown_seconds", 600.0, min=0, max=86400 * 7),
+        )
+        t.finish()
+        return cfg
+
+
+@dataclass
 class NumaConfig:
     enabled: bool = False
     namespaces: List[str] = field(default_factory=list)
@@ -80,6 +121,7 @@ class NumaConfig:
     poll_interval_seconds: float = 1.0
     pins: Tuple[PinSpec, ...] = ()
     affinity: AffinityConfig = field(default_factory=AffinityConfig)
+    respread: RespreadConfig = field(default_factory=RespreadConfig)
 
     def effective_node_name(self) -> str:
         """``node_name``, or this host's name (lower case, as Kubernetes names nodes)."""
@@ -107,6 +149,7 @@ class NumaConfig:
             poll_interval_seconds=t.float("poll_interval_seconds", 1.0, min=0.05, max=3600),
             pins=_pins(t),
             affinity=AffinityConfig.from_table(t.table("affinity")),
+            respread=RespreadConfig.from_table(t.table("respread")),
         )
         t.finish()
         return cfg
