@@ -199,7 +199,7 @@ class _PolicyFacts:
             return {"level": None, "why": f"opted out ({key})"}
         managed = hook.state.by_sandbox(rec.sandbox_id) or hook.state.by_uid(rec.uid)
         if managed is None:
-            return {"level": None, **_qos_skip_reason(rec)}
+            return {"level": None, **_qos_skip_reason(rec, hook)}
         return {"level": managed.level.value, "source": managed.source, "why": managed.why,
                 "llc_group": managed.llc_group, "cgroup": managed.cgroup.rel,
                 "containers": len(managed.containers)}
@@ -239,15 +239,17 @@ class _PolicyFacts:
         return out
 
 
-def _qos_skip_reason(rec: PodRecord) -> Dict[str, str]:
+def _qos_skip_reason(rec: PodRecord, hook: "QosHook") -> Dict[str, str]:
     """Why the QoS hook manages no such pod (what its log said the first time)."""
-    from anolisnuma.system.cgroups import InvalidCgroupPath, parse_cgroup_parent, preview
+    from anolisnuma.system.cgroups import InvalidCgroupPath, preview
 
     if rec.cgroup_parent:
+        layout = hook.cgroups.layout
         try:
-            parse_cgroup_parent(rec.cgroup_parent)
-        except InvalidCgroupPath as e:
-            return {"why": "skipped: cgroup_parent not recognized", "detail": f"cgroup_parent {preview(rec.cgroup_parent)}"}
+            layout.parse(rec.cgroup_parent)
+        except InvalidCgroupPath:
+            return {"why": "skipped: cgroup_parent not recognized",
+                    "detail": f"cgroup_parent {preview(rec.cgroup_parent)}; {layout.hint(rec.cgroup_parent)}"}
         return {"why": "not managed (see the log for the pod)"}
     return {"why": "skipped: no pod cgroup known"}
 

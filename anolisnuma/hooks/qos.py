@@ -56,7 +56,7 @@ from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.system import knobs
 from anolisnuma.system.cgroups import (
-    CgroupFs, HostFileError, InvalidCgroupPath, PodCgroup, parse_cgroup_parent, preview,
+    CgroupFs, HostFileError, InvalidCgroupPath, KubeletCgroupLayout, PodCgroup, preview,
 )
 from anolisnuma.system.knobs import KnobSupport, probe_support
 from anolisnuma.system.resctrl import ResctrlFs
@@ -86,11 +86,12 @@ class QosHook(Hook, PodStateHolder):
     name = "qos"
     methods = frozenset({RUN_POD_SANDBOX, CREATE_CONTAINER, START_CONTAINER, STOP_POD_SANDBOX})
 
-    def __init__(self, config: QosConfig, paths: PathsConfig, *, log: Any = None) -> None:
+    def __init__(self, config: QosConfig, paths: PathsConfig, *, log: Any = None,
+                 layout: Optional[KubeletCgroupLayout] = None) -> None:
         self.cfg = config
         self.paths = paths
         self.log = log if log is not None else structlog.get_logger("anolisnuma.qos")
-        self.cgroups = CgroupFs(paths.cgroup_root)
+        self.cgroups = CgroupFs(paths.cgroup_root, layout)
         self.sysctls = Sysctls(paths.proc_root)
         self.resctrl_fs = ResctrlFs(paths.resctrl_root, paths.proc_root)
         self.state = QosState()
@@ -118,6 +119,7 @@ class QosHook(Hook, PodStateHolder):
                                         log=self.log)
         self.log.info("qos hook ready", enabled=config.enabled, dry_run=config.dry_run,
                       cgroup_version=self.cgroups.version, cgroup_root=self.cgroups.root,
+                      kubelet_cgroups=self.cgroups.layout.describe(),
                       supported=sorted(self.support.supported))
 
     def wants_pre(self, method: str) -> bool:
@@ -220,10 +222,13 @@ class QosHook(Hook, PodStateHolder):
         cgroup: Optional[PodCgroup] = None
         if cgroup_parent:
             try:
-                cgroup = parse_cgroup_parent(cgroup_parent)
+                cgroup = self.cgroups.layout.parse(cgroup_parent)
             except InvalidCgroupPath as e:
-                self._once(uid or ref, "cgroup_parent")("qos skipped: cgroup_parent not recognized",
-                                                        pod=ref, error=str(e))
+                # Every pod of a node whose kubelet uses another layout is refused alike:
+                # the layout is reported once, with the fix; each pod at debug.
+                first, fix = self.cgroups.layout.unknown(cgroup_parent)
+                (self.log.warning if first else self.log.debug)(
+                    "qos skipped: cgroup_parent not recognized", pod=ref, error=str(e), fix=fix)
                 return None
         elif uid:
             cgroup = self.cgroups.locate_pod(uid)
@@ -327,7 +332,7 @@ class QosHook(Hook, PodStateHolder):
     def _post_run_pod(self, call: Call) -> None:
         config = call.request.config
         sandbox_id = call.reply.pod_sandbox_id
-        pod = self.state.by_uid(_uid_of(config))
+        pod = self.state.by_uid(_uid_of(config, self.cgroups.layout))
         if pod is None:
             pod = self._admit_config(config, sandbox_id)
             if pod is None:
@@ -466,11 +471,11 @@ class QosHook(Hook, PodStateHolder):
             self.log.error("qos knobs refused", pod=ref, errors=[str(e) for e in report.errors[:5]])
 
 
-def _uid_of(config: Any) -> str:
+def _uid_of(config: Any, layout: KubeletCgroupLayout) -> str:
     """The pod UID as the cgroup path spells it (validated later by path rules)."""
     uid = config.metadata.uid
     try:
-        return parse_cgroup_parent(config.linux.cgroup_parent).uid
+        return layout.parse(config.linux.cgroup_parent).uid
     except InvalidCgroupPath:
         return uid
 

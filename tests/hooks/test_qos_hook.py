@@ -343,7 +343,8 @@ def test_unknown_cgroup_parent_is_skipped_without_error(node):
 
 
 def test_a_pod_outside_kubepods_is_warned_about_once_then_at_debug(node):
-    """Every call of such a pod admits it again; the condition is the pod's, not the call's."""
+    """Every call of such a pod admits it again; the layout that refuses it is reported once,
+    with the fix, not once per pod: every pod of such a node is refused alike."""
     hook = QosHook(config(), node.paths)
     cfg = pb.PodSandboxConfig()
     cfg.metadata.uid, cfg.metadata.name, cfg.metadata.namespace = str(uuid.uuid4()), "outside", "default"
@@ -354,15 +355,20 @@ def test_a_pod_outside_kubepods_is_warned_about_once_then_at_debug(node):
             hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg)))
             hook.post(Call("CreateContainer", pb.CreateContainerRequest(pod_sandbox_id=sandbox_id, sandbox_config=cfg),
                            reply=pb.CreateContainerResponse(container_id=uuid.uuid4().hex * 2)))
-    levels = [e["log_level"] for e in logs if e["event"] == "qos skipped: cgroup_parent not recognized"]
+    lines = [e for e in logs if e["event"] == "qos skipped: cgroup_parent not recognized"]
+    levels = [e["log_level"] for e in lines]
     # (debug lines reach capture_logs only when no earlier test configured logging at info)
     assert levels[0] == "warning" and set(levels[1:]) <= {"debug"} and len(levels) in (1, 6)
-    # it is held under its UID; once it is gone, a pod of that UID is new again
-    assert cfg.metadata.uid in hook.held().uids
-    hook.forget(PodGone.of_ids("removed", [cfg.metadata.uid], [sandbox_id]))
+    assert "kubelet_cgroup_root" in lines[0]["fix"]
+    # another pod of the same node: no second warning; the count says how many were refused
+    other = pb.PodSandboxConfig()
+    other.CopyFrom(cfg)
+    other.metadata.uid = str(uuid.uuid4())
     with capture_logs() as logs:
-        hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg)))
-    assert [e["log_level"] for e in logs if "cgroup_parent not recognized" in e["event"]] == ["warning"]
+        hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=other)))
+    assert [e["log_level"] for e in logs if "cgroup_parent not recognized" in e["event"]] in ([], ["debug"])
+    assert hook.cgroups.layout.unknown_seen == 7
+    assert cfg.metadata.uid not in hook.held().uids   # nothing kept per refused pod
 
 
 # ------------------------------------------------------------------ hostile input
