@@ -33,7 +33,8 @@ from anolisnuma.workers import WorkerPool
 
 log = structlog.get_logger("anolisnuma.daemon")
 
-RESYNC_RETRY_SECONDS = 2.0
+RESYNC_RETRY_SECONDS = 2.0       # the first retry of the start-up resync; backed off from there
+RESYNC_RETRY_MAX_SECONDS = 30.0
 
 
 def build_hooks(config: Config) -> List[Hook]:
@@ -248,9 +249,10 @@ class Daemon:
                 pods, containers = await loop.run_in_executor(self.executor, resync.listing)
                 break
             except Exception as e:
+                delay = min(resync.retry_in or RESYNC_RETRY_SECONDS, RESYNC_RETRY_MAX_SECONDS)
                 log.warning("cannot resync with containerd yet; retrying", error=str(e).splitlines()[0][:300],
-                            retry_in_seconds=RESYNC_RETRY_SECONDS)
-                await asyncio.sleep(RESYNC_RETRY_SECONDS)
+                            retry_in_seconds=delay, failed_passes=resync.consecutive_failures)
+                await asyncio.sleep(delay)
         for hook in self.hooks:
             try:
                 await loop.run_in_executor(self.executor, hook.resync, pods, containers, self.interceptor.recent)

@@ -47,7 +47,9 @@ from anolisnuma.pipeline.hooks import (
 )
 from anolisnuma.policies.qos.config import QosConfig
 from anolisnuma.policies.qos.levels import QosLevel, resolve_level
-from anolisnuma.policies.qos.plan import LevelPlan, plan_globals, plan_level, plan_qos_class_dirs
+from anolisnuma.policies.qos.plan import (
+    LevelPlan, describe_knob_report, level_knob_report, plan_globals, plan_level, plan_qos_class_dirs,
+)
 from anolisnuma.policies.qos.resctrl import cbm_width, class_schemata, llc_class_for, plan_groups
 from anolisnuma.reconcile.qos import (
     ApplyReport, ManagedContainer, ManagedPod, QosApplier, QosReconciler, QosState, ReconcileCounts,
@@ -253,9 +255,11 @@ class QosHook(Hook, PodStateHolder):
                          cgroup=cgroup, targets=self.applier.pod_targets(cgroup, plan.pod),
                          container_settings=plan.container, llc_group=llc_group,
                          sandbox_ids={sandbox_id} if sandbox_id else set())
+        knob_report = level_knob_report(self.cfg, decision.level, self.support, pod.targets)
         self.log.info("qos level", pod=ref, qos_level=decision.level.value, source=decision.source,
                       why=decision.why, cgroup=cgroup.rel, llc_group=llc_group,
-                      dry_run=self.cfg.dry_run)
+                      dry_run=self.cfg.dry_run, knobs_set=knob_report["set"],
+                      knobs_unsupported=knob_report["unsupported"])
         self.applier.log_sched_core_skips(pod.targets, ref)
         self.state.put(pod)
         return self.state.by_uid(pod.uid)
@@ -322,9 +326,15 @@ class QosHook(Hook, PodStateHolder):
         pod = self._admit_config(call.request.config)
         if pod is None:
             return
-        call.notes["qos"] = pod.level.value
+        # The decision says what the level does on this kernel, not only the level: on a
+        # kernel without the knobs a level changes nothing, and explain must not say more.
+        call.notes["qos"] = describe_knob_report(
+            pod.level, level_knob_report(self.cfg, pod.level, self.support, pod.targets))
         report = self.applier.apply_pod(pod, compare=False)
+        if pod.llc_group:
+            call.notes["qos"] += f"; resctrl group {pod.llc_group}"
         if report.gone:
+            call.notes["qos"] += " (pod cgroup not there yet: retried after RunPodSandbox)"
             self.log.info("pod cgroup not there yet; retried after RunPodSandbox", pod=pod.ref,
                           path=pod.cgroup.rel)
         self._raise_errors(pod.ref, report)
