@@ -133,7 +133,7 @@ def health(result: Dict[str, Any]) -> Dict[str, Any]:
     warnings: List[str] = []
     layout = (result.get("knobs") or {}).get("kubelet_cgroups") or {}
     if layout.get("unknown_cgroup_parents"):   # (a pod outside kubepods may be meant to be)
-        warnings.append(f"QoS skipped {layout['unknown_cgroup_parents']} pod sandbox call(s) whose cgroup_parent is not "
+        warnings.append(f"QoS left pods alone {layout['unknown_cgroup_parents']} time(s): their cgroup_parent is not "
                         f"in the kubelet layout (root {layout.get('root')}; last {layout.get('last_unknown')}): "
                         f"if the kubelet runs with another --cgroup-root, set [cgroups] kubelet_cgroup_root")
     state = "starting" if not result.get("ready") else ("degraded" if reasons else "ready")
