@@ -31,6 +31,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"anolisnuma: invalid configuration: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if args.check_config:
+        from anolisnuma.preflight import config_warnings
+
+        for warning in config_warnings(config):
+            print(f"anolisnuma: warning: {warning}", file=sys.stderr)
         print(f"anolisnuma: {args.config} is valid")
         return 0
 

@@ -152,6 +152,35 @@ class PathsConfig:
 
 
 @dataclass
+class CgroupsConfig:
+    """Where the kubelet puts pod cgroups (anolisnuma/system/pod_cgroups.py): its cgroup
+    root (``--cgroup-root``) and driver, ``"auto"`` = read from the kubelet's own flags and
+    config files below ``kubelet_files_root`` (the files ``anolisnuma-ctl kubelet`` reads)."""
+
+    kubelet_cgroup_root: str = "auto"
+    kubelet_cgroup_driver: str = "auto"
+    kubelet_files_root: str = "/"
+
+    @classmethod
+    def from_table(cls, t: Table) -> "CgroupsConfig":
+        from anolisnuma.system.pod_cgroups import InvalidCgroupPath, parse_root
+
+        root = t.str("kubelet_cgroup_root", cls.kubelet_cgroup_root)
+        if root != "auto":
+            try:
+                parse_root(root)
+            except InvalidCgroupPath as e:
+                raise ConfigError(t.key("kubelet_cgroup_root"), f"must be \"auto\" or the kubelet's "
+                                                                f"--cgroup-root (\"/\", \"/custom\"): {e}") from None
+        cfg = cls(kubelet_cgroup_root=root,
+                  kubelet_cgroup_driver=t.str("kubelet_cgroup_driver", cls.kubelet_cgroup_driver,
+                                              choices=("auto", "cgroupfs", "systemd")),
+                  kubelet_files_root=_abs_path(t, "kubelet_files_root", cls.kubelet_files_root))
+        t.finish()
+        return cfg
+
+
+@dataclass
 class AdminConfig:
     """The admin socket ``anolisnuma-ctl`` talks to (root only, mode 0600); "" = none."""
 
@@ -273,6 +302,7 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     log: LogConfig = field(default_factory=LogConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    cgroups: CgroupsConfig = field(default_factory=CgroupsConfig)
     hooks: HooksConfig = field(default_factory=HooksConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -293,6 +323,7 @@ class Config:
             runtime=RuntimeConfig.from_table(root.table("runtime")),
             log=LogConfig.from_table(root.table("log")),
             paths=PathsConfig.from_table(root.table("paths")),
+            cgroups=CgroupsConfig.from_table(root.table("cgroups")),
             hooks=HooksConfig.from_table(root.table("hooks")),
             admin=AdminConfig.from_table(root.table("admin")),
             metrics=MetricsConfig.from_table(root.table("metrics")),

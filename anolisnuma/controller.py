@@ -58,6 +58,11 @@ class Controller:
     def closed(self) -> None:
         """Release clients, files, ... once the loop ended (called once by :meth:`stop`)."""
 
+    def wait_seconds(self) -> float:
+        """How long the loop waits before the next pass (0: until woken); ``interval``
+        unless a subclass backs off after a failure."""
+        return self.interval
+
     # ------------------------------------------------------------------ running
     def step(self) -> Any:
         """One counted pass: an exception is logged and counted, never raised."""
@@ -116,7 +121,8 @@ class Controller:
 
     def _loop(self) -> None:
         while True:
-            self._wake.wait(self.interval if self.interval > 0 else None)
+            wait = self.wait_seconds()
+            self._wake.wait(wait if wait > 0 else None)
             self._wake.clear()
             if self._stopping:
                 return

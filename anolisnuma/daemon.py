@@ -33,7 +33,8 @@ from anolisnuma.workers import WorkerPool
 
 log = structlog.get_logger("anolisnuma.daemon")
 
-RESYNC_RETRY_SECONDS = 2.0
+RESYNC_RETRY_SECONDS = 2.0       # the first retry of the start-up resync; backed off from there
+RESYNC_RETRY_MAX_SECONDS = 30.0
 
 
 def build_hooks(config: Config) -> List[Hook]:
@@ -45,10 +46,15 @@ def build_hooks(config: Config) -> List[Hook]:
     daemon does not start (HookUnavailable).
     """
     wanted = []
+    layout = None   # the kubelet's cgroup layout, read once for every hook
+    if (config.numa is not None and config.numa.enabled) or (config.qos is not None and config.qos.enabled):
+        from anolisnuma.system.pod_cgroups import resolve_layout
+
+        layout = resolve_layout(config.cgroups, log)
     if config.numa is not None and config.numa.enabled:
-        wanted.append(("numa", lambda: _numa_hook(config)))
+        wanted.append(("numa", lambda: _numa_hook(config, layout)))
     if config.qos is not None and config.qos.enabled:
-        wanted.append(("qos", lambda: _qos_hook(config)))
+        wanted.append(("qos", lambda: _qos_hook(config, layout)))
     if config.kubernetes is not None and config.kubernetes.enabled and not any(n == "numa" for n, _ in wanted):
         log.warning("kubernetes.kubeconfig is set but NUMA placement is off: Oenuma CRs are not watched")
     hooks: List[Hook] = []
@@ -81,16 +87,16 @@ class HookUnavailable(Exception):
     pass
 
 
-def _numa_hook(config: Config) -> Hook:
+def _numa_hook(config: Config, layout: Any = None) -> Hook:
     from anolisnuma.hooks.numa import NumaHook
 
-    return NumaHook(config.numa, config.paths, cluster=config.kubernetes)
+    return NumaHook(config.numa, config.paths, cluster=config.kubernetes, layout=layout)
 
 
-def _qos_hook(config: Config) -> Hook:
+def _qos_hook(config: Config, layout: Any = None) -> Hook:
     from anolisnuma.hooks.qos import QosHook
 
-    return QosHook(config.qos, config.paths)
+    return QosHook(config.qos, config.paths, layout=layout)
 
 
 EXIT_START = 1
@@ -258,9 +264,10 @@ class Daemon:
                 pods, containers = await loop.run_in_executor(self.executor, resync.listing)
                 break
             except Exception as e:
+                delay = min(resync.retry_in or RESYNC_RETRY_SECONDS, RESYNC_RETRY_MAX_SECONDS)
                 log.warning("cannot resync with containerd yet; retrying", error=str(e).splitlines()[0][:300],
-                            retry_in_seconds=RESYNC_RETRY_SECONDS)
-                await asyncio.sleep(RESYNC_RETRY_SECONDS)
+                            retry_in_seconds=delay, failed_passes=resync.consecutive_failures)
+                await asyncio.sleep(delay)
         for hook in self.hooks:
             try:
                 await loop.run_in_executor(self.executor, hook.resync, pods, containers, self.interceptor.recent)

@@ -24,6 +24,27 @@ from anolisnuma.config import Config
 from anolisnuma.configfile import ConfigError
 
 
+def config_warnings(config: Config) -> List[str]:
+    """What is valid but will not work as things stand (``--check-config`` prints them; the
+    daemon starts anyway: containerd may come up after it): the runtime endpoint that does
+    not exist or is not a socket."""
+    out: List[str] = []
+    endpoint = config.runtime.endpoint
+    try:
+        st = os.stat(endpoint)
+    except FileNotFoundError:
+        out.append(f"runtime.endpoint: {endpoint} does not exist (is containerd running, and is this its "
+                   f"[grpc] address?): every kubelet call will fail with UNAVAILABLE until it does")
+    except OSError as e:
+        out.append(f"runtime.endpoint: cannot look at {endpoint}: {e.strerror}")
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a regular file" if stat.S_ISREG(st.st_mode) \
+                else "not a socket"
+            out.append(f"runtime.endpoint: {endpoint} is {kind}, not a unix socket: containerd cannot be reached there")
+    return out
+
+
 def check_writable_paths(config: Config) -> None:
     """Create the directories the daemon writes to; ConfigError naming the key of the
     first that cannot be created or written."""

@@ -32,7 +32,8 @@ class ReloadPlan(NamedTuple):
 def flatten(config: Config) -> Dict[str, Any]:
     """Every leaf value of the configuration by dotted key."""
     out: Dict[str, Any] = {}
-    for section in ("server", "runtime", "log", "paths", "hooks", "admin", "metrics", "qos", "numa", "kubernetes"):
+    for section in ("server", "runtime", "log", "paths", "cgroups", "hooks", "admin", "metrics", "qos", "numa",
+                    "kubernetes"):
         _flatten(section, getattr(config, section), out)
     return out
 

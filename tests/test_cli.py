@@ -133,3 +133,26 @@ def test_the_daemon_runs_on_uvloop_and_on_asyncio_without_it(monkeypatch):
     assert cli._run(which_loop()).startswith("uvloop")
     monkeypatch.setitem(sys.modules, "uvloop", None)      # a platform uvloop has no build for
     assert cli._run(which_loop()).startswith("asyncio")
+
+
+def test_check_config_warns_when_the_runtime_endpoint_is_no_socket(tmp_path):
+    """Valid (exit 0: containerd may start later), but said: missing, a file, a directory;
+    a listening socket gives no warning."""
+    import socket
+
+    cases = {"missing": str(tmp_path / "nope.sock"), "a regular file": str(tmp_path / "file.sock"),
+             "a directory": str(tmp_path / "dir.sock")}
+    (tmp_path / "file.sock").write_text("")
+    (tmp_path / "dir.sock").mkdir()
+    for what, endpoint in cases.items():
+        path = write_config(str(tmp_path / f"{what}.toml"), config_dict(str(tmp_path), endpoint))
+        r = run_cli(["-c", path, "--check-config"])
+        assert r.returncode == 0 and "valid" in r.stdout, r.stderr
+        assert r.stderr.startswith(f"anolisnuma: warning: runtime.endpoint: {endpoint} "), (what, r.stderr)
+        assert ("does not exist" if what == "missing" else f"is {what}, not a unix socket") in r.stderr
+    sock_path = str(tmp_path / "ok.sock")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(sock_path)
+        path = write_config(str(tmp_path / "ok.toml"), config_dict(str(tmp_path), sock_path))
+        r = run_cli(["-c", path, "--check-config"])
+    assert r.returncode == 0 and r.stderr == "", r.stderr

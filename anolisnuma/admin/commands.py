@@ -59,6 +59,7 @@ class AdminCommands:
                                                 self.daemon.config.runtime.max_message_bytes))
         result = await self._run(views.status, self.daemon, uptime, self.surfaces())
         result["containerd"] = await probe
+        result.update(views.health(result))
         return result
 
     async def pods(self, args: Dict[str, Any]) -> Any:

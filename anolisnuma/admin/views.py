@@ -73,7 +73,9 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
     if qos is not None:
         knobs = {"supported": sorted(qos.support.supported),
                  "unsupported": dict(sorted(qos.support.unsupported.items())),
-                 "cgroup_version": qos.cgroups.version, "dry_run": qos.cfg.dry_run}
+                 "cgroup_version": qos.cgroups.version, "dry_run": qos.cfg.dry_run,
+                 "kubelet_cgroups": qos.cgroups.layout.as_dict()}
+    resync = daemon.runtime_resync
     relay = daemon.relay
     return {
         "version": __version__,
@@ -81,6 +83,7 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
         "uptime_seconds": round(uptime_seconds, 1),
         "ready": daemon.ready,
         "resynced": daemon.resynced,
+        "resync_problem": resync.health() if resync is not None else None,
         "config": cfg.source,
         "listen": cfg.server.listen,
         "runtime_endpoint": cfg.runtime.endpoint,
@@ -106,6 +109,35 @@ def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) ->
         "structures": structures(daemon),
         **surfaces,
     }
+
+
+def health(result: Dict[str, Any]) -> Dict[str, Any]:
+    """``state`` (``starting``, ``ready`` or ``degraded``) and ``degraded_because`` (one line
+    per reason) for a :func:`status` result that carries containerd's answer: degraded
+    while containerd does not answer, while the resync with it fails, while a configured
+    hook is not running; ``warnings`` for what is worth a look but does not degrade
+    (pods whose cgroup is not in the kubelet layout)."""
+    reasons: List[str] = []
+    c = result.get("containerd") or {}
+    if not c.get("reachable", True):
+        reasons.append(f"containerd does not answer at {c.get('endpoint')}: {c.get('error')} "
+                       "(the kubelet's calls fail with UNAVAILABLE until it is back)")
+    if result.get("resync_problem"):
+        reasons.append(result["resync_problem"])
+    elif result.get("ready") and not result.get("resynced"):
+        reasons.append("the start-up resync with containerd has not finished: the policies are not started yet")
+    running = {h["name"] for h in result.get("hooks") or []}
+    for name in result.get("hooks_configured") or []:
+        if result.get("ready") and name not in running:
+            reasons.append(f"hook {name} is configured but not running (see the log)")
+    warnings: List[str] = []
+    layout = (result.get("knobs") or {}).get("kubelet_cgroups") or {}
+    if layout.get("unknown_cgroup_parents"):   # (a pod outside kubepods may be meant to be)
+        warnings.append(f"QoS left pods alone {layout['unknown_cgroup_parents']} time(s): their cgroup_parent is not "
+                        f"in the kubelet layout (root {layout.get('root')}; last {layout.get('last_unknown')}): "
+                        f"if the kubelet runs with another --cgroup-root, set [cgroups] kubelet_cgroup_root")
+    state = "starting" if not result.get("ready") else ("degraded" if reasons else "ready")
+    return {"state": state, "degraded_because": reasons, "warnings": warnings}
 
 
 def _pools(daemon: "Daemon") -> List[WorkerPool]:
@@ -157,6 +189,7 @@ def pods(daemon: "Daemon") -> List[Dict[str, Any]]:
         rows.append({
             "namespace": rec.namespace, "name": rec.name, "uid": rec.uid, "sandbox_id": rec.sandbox_id,
             "containers": sorted(c.name for c in by_sandbox.get(rec.sandbox_id, [])),
+            "state": facts.sandbox_state(rec),
             "opted_out": facts.opted_out(rec),
             "qos": facts.qos(rec),
             "numa": facts.numa(rec),
@@ -181,6 +214,27 @@ class _PolicyFacts:
         self.allocations = {a.pod_uid: a for a in self.placement.allocations()} if self.placement else {}
         self.kubelet = self.placement.kubelet_state if self.placement else None
         self.pool = self.placement.shared_pool if self.placement else None
+        resync = daemon.runtime_resync
+        self.not_ready = resync.not_ready if resync is not None else frozenset()
+        self.journal = daemon.interceptor.journal
+        self.sandboxes_of: Dict[str, int] = {}
+        for p in daemon.store.pods():
+            self.sandboxes_of[p.uid] = self.sandboxes_of.get(p.uid, 0) + 1
+
+    def sandbox_state(self, rec: PodRecord) -> str:
+        """``stopped`` when the last resync saw the sandbox not ready, or the pod's last
+        sandbox call through the proxy stopped it (its only sandbox); else ``ready``."""
+        if rec.sandbox_id in self.not_ready:
+            return "stopped"
+        if self.sandboxes_of.get(rec.uid, 0) == 1:
+            for call in reversed(self.journal.calls(rec.uid)):
+                if call.get("status") != "OK":
+                    continue
+                if call.get("method") == "StopPodSandbox":
+                    return "stopped"
+                if call.get("method") == "RunPodSandbox":
+                    break
+        return "ready"
 
     def opted_out(self, rec: PodRecord) -> Optional[str]:
         """The key that opts the pod out of every hook, if one does."""
@@ -199,10 +253,12 @@ class _PolicyFacts:
             return {"level": None, "why": f"opted out ({key})"}
         managed = hook.state.by_sandbox(rec.sandbox_id) or hook.state.by_uid(rec.uid)
         if managed is None:
-            return {"level": None, **_qos_skip_reason(rec)}
+            if self.sandbox_state(rec) == "stopped":
+                return {"level": None, "why": "sandbox stopped: its cgroup (and what was set there) is gone"}
+            return {"level": None, **_qos_skip_reason(rec, hook)}
         return {"level": managed.level.value, "source": managed.source, "why": managed.why,
                 "llc_group": managed.llc_group, "cgroup": managed.cgroup.rel,
-                "containers": len(managed.containers)}
+                "containers": len(managed.containers), "knobs": _knobs_of(managed, hook)}
 
     def numa(self, rec: PodRecord) -> Dict[str, Any]:
         service = self.placement
@@ -218,19 +274,26 @@ class _PolicyFacts:
         alloc = self.allocations.get(rec.uid)
         if alloc is not None and alloc.sandbox_id in ("", rec.sandbox_id):
             sel = service.select(rec)
+            moves = service.move_history.of(rec.uid)
             if alloc.source == "rule":
                 why = f"rule {sel.rule.source}" if sel.rule is not None else "rule (no longer listed)"
             elif alloc.source == "adopted":
                 why = "adopted at start-up from its cpuset"
-            else:
+            elif alloc.source == "balance":
                 why = f"balance ({sel.why})" if sel.managed else "balance"
+            else:   # put there by a live move (affinity, re-spread, ...)
+                why = alloc.source if moves else f"{alloc.source} (moved live before the daemon's last start)"
+            if moves:
+                why += "; " + describe_move(moves[-1])
             out.update(placed=True, nodes=list(alloc.nodes), cpus=str(alloc.cpus(self.pool)),
-                       mems=str(alloc.mems) or None, source=alloc.source, why=why)
+                       mems=str(alloc.mems) or None, source=alloc.source, why=why, moves=moves)
             if exclusive:
                 out["why"] += "; kubelet-exclusive: " + ", ".join(sorted(exclusive))
             return out
         if key is not None:
             out["why"] = f"opted out ({key})"
+        elif self.sandbox_state(rec) == "stopped":
+            out["why"] = "sandbox stopped: its CPUs were released"
         elif exclusive:
             out["why"] = "kubelet-exclusive CPUs (static CPU manager); left alone"
         else:
@@ -239,15 +302,39 @@ class _PolicyFacts:
         return out
 
 
-def _qos_skip_reason(rec: PodRecord) -> Dict[str, str]:
+def describe_move(move: Dict[str, Any]) -> str:
+    """One line for a live move of :class:`~anolisnuma.placement.move_history.MoveHistory`."""
+    def nodes(ns: List[int]) -> str:
+        return ("node " if len(ns) == 1 else "nodes ") + ",".join(str(n) for n in ns)
+
+    text = f"moved live from {nodes(move['from_nodes'])} to {nodes(move['to_nodes'])} by {move['source']}"
+    if move.get("reason"):
+        text += f" ({move['reason']})"
+    if move.get("outcome") != "applied":
+        text += f", {move.get('outcome')}" + (f": {move['error']}" if move.get("error") else "")
+    return text
+
+
+def _knobs_of(managed: Any, hook: "QosHook") -> Dict[str, Any]:
+    """What the pod's level means on this kernel: the knob files kept at a value (pod and
+    container cgroups), and the knobs the level has that this kernel lacks."""
+    from anolisnuma.policies.qos.plan import level_knob_report
+
+    return level_knob_report(hook.cfg, managed.level, hook.support, managed.targets,
+                             [t for c in managed.containers.values() for t in c.targets])
+
+
+def _qos_skip_reason(rec: PodRecord, hook: "QosHook") -> Dict[str, str]:
     """Why the QoS hook manages no such pod (what its log said the first time)."""
-    from anolisnuma.system.cgroups import InvalidCgroupPath, parse_cgroup_parent, preview
+    from anolisnuma.system.cgroups import InvalidCgroupPath, preview
 
     if rec.cgroup_parent:
+        layout = hook.cgroups.layout
         try:
-            parse_cgroup_parent(rec.cgroup_parent)
-        except InvalidCgroupPath as e:
-            return {"why": "skipped: cgroup_parent not recognized", "detail": f"cgroup_parent {preview(rec.cgroup_parent)}"}
+            layout.parse(rec.cgroup_parent)
+        except InvalidCgroupPath:
+            return {"why": "skipped: cgroup_parent not recognized",
+                    "detail": f"cgroup_parent {preview(rec.cgroup_parent)}", "fix": layout.hint(rec.cgroup_parent)}
         return {"why": "not managed (see the log for the pod)"}
     return {"why": "skipped: no pod cgroup known"}
 
@@ -326,6 +413,7 @@ def explain(daemon: "Daemon", query: str) -> List[Dict[str, Any]]:
         entry: Dict[str, Any] = {
             "pod": {"namespace": rec.namespace, "name": rec.name, "uid": uid,
                     "sandbox_ids": [r.sandbox_id for r in recs], "cgroup_parent": rec.cgroup_parent,
+                    "state": facts.sandbox_state(rec),
                     "containers": [{"name": c.name, "id": c.container_id, "cpuset_cpus": c.resources.cpuset_cpus,
                                     "cpuset_mems": c.resources.cpuset_mems} for c in containers]},
             "markings": markings,

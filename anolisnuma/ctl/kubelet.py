@@ -658,6 +658,37 @@ def inspect(root: Root) -> KubeletView:
     return view
 
 
+@dataclass
+class CgroupSetting:
+    """One of the kubelet's cgroup settings (``cgroupRoot``, ``cgroupDriver``): its value,
+    or ``None`` when nothing sets it (the kubelet's default applies), and where it came from."""
+
+    value: Optional[str]
+    origin: str
+
+
+def cgroup_settings(view: KubeletView) -> Dict[str, CgroupSetting]:
+    """``{"root": ..., "driver": ...}`` as the kubelet will take them: a flag
+    (``--cgroup-root``, ``--cgroup-driver``, the last one given) over the last
+    ``--config-dir`` file that sets the key, over the ``--config`` file; ``None`` values
+    when none sets it (kubelet defaults: root ``/``, driver ``cgroupfs``)."""
+    out: Dict[str, CgroupSetting] = {}
+    for what, flag, key in (("root", "--cgroup-root", "cgroupRoot"), ("driver", "--cgroup-driver", "cgroupDriver")):
+        hits = _flag_values(view.words, flag)
+        if hits:
+            out[what] = CgroupSetting(hits[-1][0], f"flag {flag} in {hits[-1][1].describe()}")
+            continue
+        found = None
+        for path, data in reversed(view.config_dir_files):
+            if isinstance(data.get(key), str):
+                found = CgroupSetting(data[key], f"{key} in config drop-in {path}")
+                break
+        if found is None and view.config_data is not None and isinstance(view.config_data.get(key), str):
+            found = CgroupSetting(view.config_data[key], f"{key} in config file {view.config_path}")
+        out[what] = found or CgroupSetting(None, "the kubelet's built-in default")
+    return out
+
+
 def socket_of(endpoint: str) -> Optional[str]:
     """The unix socket path of an endpoint, normalised (``/var/run`` is ``/run``)."""
     e = endpoint.strip()
@@ -1158,6 +1189,7 @@ def status(root: Root, socket: str, timeout: float = 3.0, runtime: Optional[str]
         "switched": manifest is not None,
         "backup_dir": BACKUP_DIR if manifest is not None else None,
         "switched_files": [e["path"] for e in manifest.get("files", [])] if manifest else [],
+        "cgroups": {k: {"value": v.value, "origin": v.origin} for k, v in cgroup_settings(view).items()},
         "warnings": warnings,
     }
 
@@ -1180,6 +1212,9 @@ def render_status(st: Dict[str, Any]) -> str:
         rows.append(("config dir", st["config_dir"]))
     rows.append(("switched", f"yes, backup in {st['backup_dir']}: " + ", ".join(st["switched_files"])
                  if st["switched"] else "no"))
+    for what, default in (("root", "/"), ("driver", "cgroupfs")):
+        c = (st.get("cgroups") or {}).get(what) or {}
+        rows.append((f"cgroup {what}", f"{c.get('value') or default} ({c.get('origin')})"))
     for w in st["warnings"]:
         rows.append(("warning", w))
     width = max(len(k) for k, _ in rows)

@@ -52,7 +52,11 @@ def _counts(d: Dict[str, Any]) -> str:
 # ---------------------------------------------------------------- status
 
 def status(r: Dict[str, Any]) -> str:
-    state = "ready" if r.get("ready") else "starting (hooks not up yet)"
+    state = r.get("state") or ("ready" if r.get("ready") else "starting")
+    if state == "starting":
+        state = "starting (hooks not up yet)"
+    elif state == "degraded":
+        state = "DEGRADED (see \"degraded because\")"
     c = r.get("containerd") or {}
     if c.get("reachable"):
         containerd = f"reachable: {c.get('runtime')}, CRI {c.get('api_version')}, {c.get('latency_ms')} ms ({c.get('endpoint')})"
@@ -74,10 +78,11 @@ def status(r: Dict[str, Any]) -> str:
         ("pipeline events", _counts(r.get("pipeline") or {})),
         ("waiting for hooks", r.get("calls_waiting_for_hooks") or 0),
         ("threads", _threads(r.get("threads") or {})),
-        ("kernel knobs", ("none: the QoS hook is not running" if knobs is None else
-                          ", ".join(knobs.get("supported") or []) or "none supported")),
+        ("kernel knobs", _knobs(knobs)),
+        ("kubelet cgroups", _layout((knobs or {}).get("kubelet_cgroups"))),
         ("api server", _cluster(r.get("cluster"))),
-    ])
+    ] + [("degraded because", why) for why in r.get("degraded_because") or []]
+      + [("warning", w) for w in r.get("warnings") or []])
     blocks = [head]
     rules = (r.get("cluster") or {}).get("rules") or []
     if rules:
@@ -112,6 +117,25 @@ def status(r: Dict[str, Any]) -> str:
                             [[holder, ", ".join(f"{k} {n}" for k, n in sizes.items()) or "-"]
                              for holder, sizes in structures.items()]))
     return lines(*blocks)
+
+
+def _knobs(knobs: Any) -> str:
+    """Which QoS knobs this kernel has (those it lacks are listed below, with why)."""
+    if knobs is None:
+        return "none: the QoS hook is not running"
+    have = knobs.get("supported") or []
+    missing = len(knobs.get("unsupported") or {})
+    text = ", ".join(have) if have else "none: QoS decides levels but this kernel has no knob to write"
+    if missing:
+        text += f" ({missing} not on this kernel, listed below)"
+    return text + ("; dry run: nothing is written" if knobs.get("dry_run") else "")
+
+
+def _layout(layout: Any) -> str:
+    if not layout:
+        return "-"
+    dirs = ", ".join(f"{d} {rel}" for d, rel in sorted((layout.get("kubepods") or {}).items()))
+    return f"root {layout.get('root')} ({dirs}; from {layout.get('origin')})"
 
 
 def _cluster(c: Any) -> str:
@@ -181,10 +205,18 @@ def _explain_one(e: Dict[str, Any]) -> str:
     pod, q, n = e["pod"], e.get("qos") or {}, e.get("numa") or {}
     if q.get("level"):
         qos = f"{q['level']} ({q.get('why') or q.get('source')})"
+        k = q.get("knobs") or {}
+        if k.get("set"):
+            qos += f"; {'would set' if k.get('dry_run') else 'set'} " + ", ".join(k["set"])
+        elif "set" in k and not q.get("llc_group"):
+            qos += "; nothing written"
+        if k.get("unsupported"):
+            qos += "; not on this kernel: " + ", ".join(k["unsupported"])
         if q.get("llc_group"):
             qos += f"; resctrl group {q['llc_group']}"
     else:
-        qos = f"not applied: {q.get('why')}" + (f" ({q['detail']})" if q.get("detail") else "")
+        qos = (f"not applied: {q.get('why')}" + (f" ({q['detail']})" if q.get("detail") else "")
+               + (f"; {q['fix']}" if q.get("fix") else ""))
     if n.get("placed"):
         where = ("node " if len(n["nodes"]) == 1 else "nodes ") + ",".join(str(x) for x in n["nodes"])
         numa = f"{where}, cpus {n.get('cpus') or '-'}, mems {n.get('mems') or '-'}: {n.get('why')}"
@@ -193,10 +225,11 @@ def _explain_one(e: Dict[str, Any]) -> str:
     pairs = [
         ("pod", f"{pod['namespace']}/{pod['name']}"),
         ("uid", pod["uid"]),
-        ("sandbox", ", ".join(pod["sandbox_ids"])),
+        ("sandbox", ", ".join(pod["sandbox_ids"]) + (" (stopped)" if pod.get("state") == "stopped" else "")),
         ("cgroup parent", pod.get("cgroup_parent")),
         ("markings", "; ".join(f"{k}={v}" for k, v in sorted((e.get("markings") or {}).items())) or "none"),
-        ("hooks", f"all skipped: opted out ({e['opted_out']})" if e.get("opted_out") else "applied"),
+        ("hooks", f"all skipped: opted out ({e['opted_out']})" if e.get("opted_out")
+         else "run for this pod (what each did: qos, numa)"),
         ("qos", qos),
         ("numa", numa),
     ]
@@ -210,17 +243,33 @@ def _explain_one(e: Dict[str, Any]) -> str:
         blocks.append(table(["CONTAINER", "ID", "CPUSET CPUS", "CPUSET MEMS"],
                             [[c["name"], c["id"][:13], c["cpuset_cpus"], c["cpuset_mems"]] for c in containers]))
     calls = e.get("calls") or []
-    if calls:
+    moves = n.get("moves") or []
+    if calls or moves:
         rows = []
         for c in calls:
             decisions = "; ".join(f"{k}: {v}" for k, v in sorted((c.get("decisions") or {}).items()))
             errors = "; ".join(f"FAILED {x}" for x in c.get("hook_errors") or [])
-            rows.append([time.strftime("%H:%M:%S", time.localtime(c["at"])), c["method"], _short(c.get("container")),
-                         c["status"], f"{c['latency_ms']:g}ms", "; ".join(x for x in (decisions, errors) if x)])
-        blocks.append(table(["TIME", "CALL", "CONTAINER", "STATUS", "LATENCY", "DECISIONS"], rows))
+            rows.append((c["at"], [time.strftime("%H:%M:%S", time.localtime(c["at"])), c["method"],
+                                   _short(c.get("container")), c["status"], f"{c['latency_ms']:g}ms",
+                                   "; ".join(x for x in (decisions, errors) if x)]))
+        for m in moves:   # the daemon's own re-pins: no kubelet call shows them
+            rows.append((m["at"], [time.strftime("%H:%M:%S", time.localtime(m["at"])), "live NUMA move", "-",
+                                   m.get("outcome"), "-", f"numa: {_move(m)}"]))
+        rows.sort(key=lambda r: r[0])
+        blocks.append(table(["TIME", "CALL", "CONTAINER", "STATUS", "LATENCY", "DECISIONS"], [r for _, r in rows]))
     else:
         blocks.append("calls: none seen since the daemon started")
     return lines(*blocks)
+
+
+def _move(m: Dict[str, Any]) -> str:
+    def nodes(ns: Any) -> str:
+        ns = list(ns or [])
+        return ("node " if len(ns) == 1 else "nodes ") + ",".join(str(x) for x in ns)
+
+    text = f"moved from {nodes(m.get('from_nodes'))} to {nodes(m.get('to_nodes'))} by {m.get('source')}"
+    text += f" ({m['reason']})" if m.get("reason") else ""
+    return text + (f": {m['error']}" if m.get("error") else "")
 
 
 def _short(container: Any) -> Any:

@@ -46,7 +46,7 @@ from anolisnuma.policies.numa.topology import NumaTopology
 from anolisnuma.state.gone import PodStateHolder
 from anolisnuma.state.numa_state import NumaStateFile
 from anolisnuma.state.records import PodRecord
-from anolisnuma.system.cgroups import CgroupFs
+from anolisnuma.system.cgroups import CgroupFs, KubeletCgroupLayout
 from anolisnuma.system.kubelet_state import CpuManagerStateFile
 from anolisnuma.system.sysfs_topology import read_sysfs_topology
 
@@ -79,9 +79,10 @@ class NumaHook(Hook):
     name = "numa"
 
     def __init__(self, config: NumaConfig, paths: PathsConfig, topology: Optional[NumaTopology] = None,
-                 cluster: Any = None) -> None:
+                 cluster: Any = None, layout: Optional[KubeletCgroupLayout] = None) -> None:
         self.config = config
         self.paths = paths
+        self.layout = layout   # the kubelet's cgroup layout (None: root /, either driver)
         self.methods = _METHODS if config.enabled else frozenset()
         self.placement: Optional[PlacementService] = None
         self.affinity: Optional["AffinityController"] = None   # made by controllers() when on
@@ -93,7 +94,7 @@ class NumaHook(Hook):
         self.placement = PlacementService(
             config, topology if topology is not None else load_topology(paths.sys_root),
             CpuManagerStateFile(paths.kubelet_cpu_manager_state), NumaStateFile(paths.state_dir),
-            CgroupFs(paths.cgroup_root))
+            CgroupFs(paths.cgroup_root, layout))
         p = self.placement
         if cluster is not None and cluster.enabled:
             from anolisnuma.cluster.link import cluster_link
@@ -123,7 +124,8 @@ class NumaHook(Hook):
         repinner = CpusetRepinner(self.placement, connect(None), applied=store.set_cpuset if store is not None else None)
         loops.append(repinner)
         if self.config.affinity.enabled:
-            self.affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner)
+            self.affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner,
+                                                 self.layout)
             if self.affinity is not None:
                 self.affinity.decisions = self.decisions
                 loops.append(self.affinity)
@@ -265,12 +267,13 @@ def _pod_of(call: Call) -> Optional[PodRecord]:
 
 
 def _affinity_controller(service: PlacementService, config: NumaConfig, paths: PathsConfig,
-                         connect: Callable[[Optional[float]], Any], repinner: Any) -> Optional["AffinityController"]:
+                         connect: Callable[[Optional[float]], Any], repinner: Any,
+                         layout: Optional[KubeletCgroupLayout] = None) -> Optional["AffinityController"]:
     from anolisnuma.reconcile.affinity import AffinityController, ContainerPids
     from anolisnuma.system.traffic import TrafficObserver
 
     try:
-        observer = TrafficObserver(proc_root=paths.proc_root)
+        observer = TrafficObserver(proc_root=paths.proc_root, layout=layout)
     except Exception as e:
         log.error("traffic affinity cannot start; pods are not moved", error=repr(e))
         return None

@@ -48,7 +48,9 @@ from anolisnuma.pipeline.hooks import (
 )
 from anolisnuma.policies.qos.config import QosConfig
 from anolisnuma.policies.qos.levels import QosLevel, resolve_level
-from anolisnuma.policies.qos.plan import LevelPlan, plan_globals, plan_level, plan_qos_class_dirs
+from anolisnuma.policies.qos.plan import (
+    LevelPlan, describe_knob_report, level_knob_report, plan_globals, plan_level, plan_qos_class_dirs,
+)
 from anolisnuma.policies.qos.resctrl import cbm_width, class_schemata, llc_class_for, plan_groups
 from anolisnuma.reconcile.qos import (
     ApplyReport, ManagedContainer, ManagedPod, QosApplier, QosReconciler, QosState, ReconcileCounts,
@@ -57,7 +59,7 @@ from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.system import knobs
 from anolisnuma.system.cgroups import (
-    CgroupFs, HostFileError, InvalidCgroupPath, PodCgroup, parse_cgroup_parent, preview,
+    CgroupFs, HostFileError, InvalidCgroupPath, KubeletCgroupLayout, PodCgroup, preview,
 )
 from anolisnuma.system.knobs import KnobSupport, probe_support
 from anolisnuma.system.resctrl import ResctrlFs
@@ -87,11 +89,12 @@ class QosHook(Hook, PodStateHolder):
     name = "qos"
     methods = frozenset({RUN_POD_SANDBOX, CREATE_CONTAINER, START_CONTAINER, STOP_POD_SANDBOX})
 
-    def __init__(self, config: QosConfig, paths: PathsConfig, *, log: Any = None) -> None:
+    def __init__(self, config: QosConfig, paths: PathsConfig, *, log: Any = None,
+                 layout: Optional[KubeletCgroupLayout] = None) -> None:
         self.cfg = config
         self.paths = paths
         self.log = log if log is not None else structlog.get_logger("anolisnuma.qos")
-        self.cgroups = CgroupFs(paths.cgroup_root)
+        self.cgroups = CgroupFs(paths.cgroup_root, layout)
         self.sysctls = Sysctls(paths.proc_root)
         self.resctrl_fs = ResctrlFs(paths.resctrl_root, paths.proc_root)
         self.state = QosState()
@@ -123,6 +126,7 @@ class QosHook(Hook, PodStateHolder):
                                         log=self.log)
         self.log.info("qos hook ready", enabled=config.enabled, dry_run=config.dry_run,
                       cgroup_version=self.cgroups.version, cgroup_root=self.cgroups.root,
+                      kubelet_cgroups=self.cgroups.layout.describe(),
                       supported=sorted(self.support.supported))
 
     def wants_pre(self, method: str) -> bool:
@@ -230,9 +234,16 @@ class QosHook(Hook, PodStateHolder):
         cgroup: Optional[PodCgroup] = None
         if cgroup_parent:
             try:
-                cgroup = parse_cgroup_parent(cgroup_parent)
+                cgroup = self.cgroups.layout.parse(cgroup_parent)
             except InvalidCgroupPath as e:
-                self._skipped(uid, ref, "cgroup_parent", "cgroup_parent not recognized", error=str(e))
+                # Every pod of a node whose kubelet uses another layout is refused alike:
+                # the layout is reported once, with the fix; each pod at debug, and told (an
+                # event on the pod) once: that mark is all that is kept, until the pod goes.
+                first, fix = self.cgroups.layout.unknown(cgroup_parent)
+                (self.log.warning if first else self.log.debug)(
+                    "qos skipped: cgroup_parent not recognized", pod=ref, error=str(e), fix=fix)
+                if self._warned.first((uid or ref, "cgroup_parent")):
+                    self.decisions(QosSkipped(pod_ref(ref, uid), f"cgroup_parent not recognized: {e}"))
                 return None
         elif uid:
             cgroup = self.cgroups.locate_pod(uid)
@@ -262,9 +273,11 @@ class QosHook(Hook, PodStateHolder):
                          told=QosApplied(pod_ref(ref, uid), decision.level.value, decision.why,
                                          knobs=_knob_values(plan), lacking=self.lacking.get(decision.level, ()),
                                          ignored=ignored))
+        knob_report = level_knob_report(self.cfg, decision.level, self.support, pod.targets)
         self.log.info("qos level", pod=ref, qos_level=decision.level.value, source=decision.source,
                       why=decision.why, cgroup=cgroup.rel, llc_group=llc_group,
-                      dry_run=self.cfg.dry_run)
+                      dry_run=self.cfg.dry_run, knobs_set=knob_report["set"],
+                      knobs_unsupported=knob_report["unsupported"])
         self.applier.log_sched_core_skips(pod.targets, ref)
         self.state.put(pod)
         return self.state.by_uid(pod.uid)
@@ -338,9 +351,15 @@ class QosHook(Hook, PodStateHolder):
         pod = self._admit_config(call.request.config)
         if pod is None:
             return
-        call.notes["qos"] = pod.level.value
+        # The decision says what the level does on this kernel, not only the level: on a
+        # kernel without the knobs a level changes nothing, and explain must not say more.
+        call.notes["qos"] = describe_knob_report(
+            pod.level, level_knob_report(self.cfg, pod.level, self.support, pod.targets))
         report = self.applier.apply_pod(pod, compare=False)
+        if pod.llc_group:
+            call.notes["qos"] += f"; resctrl group {pod.llc_group}"
         if report.gone:
+            call.notes["qos"] += " (pod cgroup not there yet: retried after RunPodSandbox)"
             self.log.info("pod cgroup not there yet; retried after RunPodSandbox", pod=pod.ref,
                           path=pod.cgroup.rel)
         self._raise_errors(pod.ref, report)
@@ -348,7 +367,7 @@ class QosHook(Hook, PodStateHolder):
     def _post_run_pod(self, call: Call) -> None:
         config = call.request.config
         sandbox_id = call.reply.pod_sandbox_id
-        pod = self.state.by_uid(_uid_of(config))
+        pod = self.state.by_uid(_uid_of(config, self.cgroups.layout))
         if pod is None:
             pod = self._admit_config(config, sandbox_id)
             if pod is None:
@@ -497,11 +516,11 @@ def _lacking(wanted: LevelPlan, planned: LevelPlan) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(s.knob.name for s in wanted.pod + wanted.container if s.knob.name not in have))
 
 
-def _uid_of(config: Any) -> str:
+def _uid_of(config: Any, layout: KubeletCgroupLayout) -> str:
     """The pod UID as the cgroup path spells it (validated later by path rules)."""
     uid = config.metadata.uid
     try:
-        return parse_cgroup_parent(config.linux.cgroup_parent).uid
+        return layout.parse(config.linux.cgroup_parent).uid
     except InvalidCgroupPath:
         return uid
 

@@ -34,6 +34,7 @@ from typing import Any, Container, Dict, List, Optional, Sequence, Set, Tuple
 import structlog
 
 from anolisnuma.decision_events import DecisionEvents, NumaMoveFailed, NumaPlaced, PodRef, no_events
+from anolisnuma.placement.move_history import MoveHistory
 from anolisnuma.policies.numa.balance import (
     NoPlacement, Placement, PodRequest, balance, free_capacity, millicpu_of, node_capacity, pin)
 from anolisnuma.policies.numa.config import NumaConfig
@@ -111,6 +112,7 @@ class PlacementService(PodStateHolder):
         self.follow_pool()
         self._pending_updates: Dict[str, Tuple[CpuSet, CpuSet]] = {}
         self._moves: Dict[str, _MoveInFlight] = {}   # live moves being applied, by pod uid
+        self.move_history = MoveHistory()             # why each placed pod moved (ctl pods/explain)
         self._resynced = False
         self._save_failed = False
         self._config_rules, problems = resolve_pins(config.pins, topology)
@@ -375,7 +377,8 @@ class PlacementService(PodStateHolder):
     def structures(self) -> Dict[str, int]:
         with self._lock:
             return {"allocations": len(self.ledger), "containers": sum(len(a.containers) for a in self.ledger),
-                    "pending_repins": len(self._pending_updates), "moves_in_flight": len(self._moves)}
+                    "pending_repins": len(self._pending_updates), "moves_in_flight": len(self._moves),
+                    "moved_pods": len(self.move_history)}
 
     def sandbox_started(self, pod_uid: str, sandbox_id: str, logger: Any = None) -> None:
         """RunPodSandbox succeeded: a pod that got a new sandbox loses the old one's placement."""
@@ -455,6 +458,7 @@ class PlacementService(PodStateHolder):
         for cid in alloc.containers:
             self._pending_updates[cid] = (want, alloc.mems)
         self._moves[alloc.pod_uid] = old
+        self.move_history.decided(alloc.pod_uid, old.nodes, alloc.nodes, source, old.reason)
         log.info("live NUMA move decided", pod=alloc.ref, pod_uid=alloc.pod_uid, from_nodes=list(old.nodes),
                  to_nodes=list(alloc.nodes), cpus=str(want), mems=str(alloc.mems), containers=len(alloc.containers),
                  source=source, reason=old.reason or None)
@@ -502,6 +506,7 @@ class PlacementService(PodStateHolder):
             if alloc is None or alloc.pod_uid not in self._moves:
                 return False
             mv = self._moves.pop(alloc.pod_uid)
+            self.move_history.finished(alloc.pod_uid, "rolled back", error)
             new_nodes, moved_by = alloc.nodes, alloc.source
             if alloc.source == "rule":   # (not retried until the rules change again)
                 self._rule_failures[alloc.pod_uid] = f"re-pin failed and was rolled back: {error or 'error'}"
@@ -527,6 +532,7 @@ class PlacementService(PodStateHolder):
             return
         mv = self._moves.pop(alloc.pod_uid, None)
         if mv is not None:
+            self.move_history.finished(alloc.pod_uid, "applied")
             log.info("live NUMA move applied", pod=alloc.ref, pod_uid=alloc.pod_uid, from_nodes=list(mv.nodes),
                      to_nodes=list(alloc.nodes), cpus=str(alloc.cpus(self.ledger.pool)), mems=str(alloc.mems),
                      reason=mv.reason)
@@ -586,6 +592,7 @@ class PlacementService(PodStateHolder):
     def _forget(self, alloc: Allocation) -> None:
         self.ledger.remove(alloc.pod_uid)
         self._moves.pop(alloc.pod_uid, None)
+        self.move_history.forget(alloc.pod_uid)
         for cid in alloc.containers:
             self._pending_updates.pop(cid, None)
 

@@ -30,7 +30,7 @@ from anolisnuma.policies.qos.levels import QosLevel
 from anolisnuma.policies.qos.plan import KnobSetting, sched_core_conflict
 from anolisnuma.system import knobs
 from anolisnuma.system.cgroups import (
-    QOS_CLASS_DIRS, CgroupFs, FileGone, HostFileError, KnobFileMissing, KubeQosClass,
+    CgroupFs, FileGone, HostFileError, KnobFileMissing, KubeQosClass,
     PodCgroup, ReadFailed, directory_of_exists, read_int, write_text,
 )
 from anolisnuma.system.resctrl import NoClosidLeft, ResctrlFs, Schemata, render_schemata
@@ -431,7 +431,7 @@ class QosApplier:
             if targets is None:
                 targets = []
                 for cls, settings in self.qos_dir_settings.items():
-                    rel = QOS_CLASS_DIRS[driver][cls]
+                    rel = self.cgroups.layout.qos_class_dirs[driver][cls]
                     targets += [FileTarget(s.knob, self.cgroups.knob_path(s.knob, rel), s.value)
                                 for s in settings]
                 self._qos_dir_targets[driver] = targets

@@ -16,6 +16,7 @@ them: those calls are newer than the listing.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Container, Dict, List, Optional, Sequence, Tuple
 
 import structlog
@@ -73,6 +74,27 @@ def resync_store(client: Any, store: Store, fresh: Container[str] = frozenset(),
     return pods, ctrs, changes
 
 
+class RetryBackoff:
+    """Delays between retries of a failing pass: ``first`` seconds, doubled after each
+    failure up to ``cap``; :meth:`reset` after a success. A containerd that stays down is
+    asked (and logged about) less and less often, one that comes back is seen within
+    ``cap``."""
+
+    def __init__(self, first: float = 2.0, cap: float = 30.0) -> None:
+        self.first = first
+        self.cap = max(cap, first)
+        self.failures = 0
+
+    def next(self) -> float:
+        """The delay before the next retry, counting one more failure."""
+        delay = min(self.first * (2 ** min(self.failures, 30)), self.cap)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
 class RuntimeResync(Controller):
     """``RuntimeResync(connect, store, hooks, recent, interval_seconds, opted_out=None,
     reaper=None)``: ``connect()`` opens a client to containerd (one per pass, closed after
@@ -97,6 +119,14 @@ class RuntimeResync(Controller):
         self.hook_errors = 0
         self.changes: Dict[str, int] = {}
         self._listed = False
+        # While containerd cannot be listed: when that began, how often it failed since,
+        # and the backed-off delay until the next try (the interval again once it answers).
+        self.failing_since: Optional[float] = None
+        self.consecutive_failures = 0
+        self.last_failure = ""
+        self.backoff = RetryBackoff()
+        self._retry_in: Optional[float] = None
+        self.not_ready: frozenset = frozenset()
 
     def listing(self) -> Tuple[List[PodRecord], List[ContainerRecord]]:
         """The store's pass and the reaping after it (the daemon's start-up runs the hooks
@@ -108,9 +138,25 @@ class RuntimeResync(Controller):
                 pods, containers, changes = resync_store(client, self.store, self.recent, quiet=self._listed)
             finally:
                 client.close()
-        except BaseException:
+        except BaseException as e:
             self.recent.listing_failed()
+            if self.failing_since is None:
+                self.failing_since = time.time()
+            self.consecutive_failures += 1
+            self.last_failure = " ".join(str(e).split())[:300] or repr(e)
+            self._retry_in = self.backoff.next()
             raise
+        # Sandboxes the store keeps that containerd does not run (stopped, not removed yet):
+        # what ``anolisnuma-ctl pods`` shows as stopped. Those calls named since are newer.
+        ready = {p.sandbox_id for p in pods}
+        self.not_ready = frozenset(p.sandbox_id for p in self.store.pods()
+                                   if p.sandbox_id not in ready and p.sandbox_id not in self.recent
+                                   and p.uid not in self.recent)
+        if self.failing_since is not None:
+            log.info("containerd listed again", failed_passes=self.consecutive_failures,
+                     failing_seconds=round(time.time() - self.failing_since, 1))
+        self.failing_since, self.consecutive_failures, self._retry_in = None, 0, None
+        self.backoff.reset()
         self._listed = True
         if self.reaper is not None:
             gone = self.reaper.reap(self.recent)
@@ -136,8 +182,31 @@ class RuntimeResync(Controller):
                 log.error("hook resync failed", hook=hook.name, error=repr(e))
         return len(pods), len(containers)
 
+    @property
+    def retry_in(self) -> Optional[float]:
+        """The backed-off delay before retrying a failed listing (``None``: the last one
+        worked)."""
+        return self._retry_in
+
+    def wait_seconds(self) -> float:
+        """A failed pass is retried after the backed-off delay (no longer than the
+        interval); else the interval."""
+        if self._retry_in is not None and self.interval > 0:
+            return min(self._retry_in, self.interval)
+        return self.interval
+
     def counts(self) -> Dict[str, int]:
-        return {**self.changes, "hook_errors": self.hook_errors}
+        return {**self.changes, "hook_errors": self.hook_errors, "consecutive_failures": self.consecutive_failures}
+
+    def health(self) -> Optional[str]:
+        """Why the store and the policies may be behind containerd now (``None``: they
+        are not): the listing has failed since some time."""
+        if self.failing_since is None:
+            return None
+        retry = f", next try in {self._retry_in:g}s" if self._retry_in is not None else ""
+        return (f"cannot list containerd: {self.consecutive_failures} failed "
+                f"{'pass' if self.consecutive_failures == 1 else 'passes'} in a row for "
+                f"{time.time() - self.failing_since:.0f}s ({self.last_failure}){retry}")
 
 
 def _pod_from_containerd(client: Any, sandbox: Any) -> PodRecord:

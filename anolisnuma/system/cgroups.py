@@ -1,25 +1,10 @@
 """Cgroup paths and files: the path rules for kubelet pods and containers, both cgroup
 drivers, cgroup v1 and v2, and small, fast file reads and writes with typed errors.
 
-Path rules (every path is built under the configured ``cgroup_root`` from validated IDs;
-nothing a pod supplies, other than a ``cgroup_parent`` that matches a known kubelet shape
-exactly, ever reaches a path):
-
-============  ==========================================  ===========================================
-driver        pod cgroup (``cgroup_parent``)              container cgroup
-============  ==========================================  ===========================================
-cgroupfs      ``/kubepods/burstable/pod<uid>``            ``<pod dir>/<container id>``
-              ``/kubepods/besteffort/pod<uid>``
-              ``/kubepods/pod<uid>`` (guaranteed)
-systemd       ``kubepods-burstable-pod<uid_>.slice``      ``<pod dir>/cri-containerd-<id>.scope``
-              ``kubepods-besteffort-pod<uid_>.slice``
-              ``kubepods-pod<uid_>.slice`` (guaranteed)
-============  ==========================================  ===========================================
-
-``<uid>`` is an RFC 4122 UID (``8-4-4-4-12`` hex digits) or the 32 hex digits the kubelet
-gives static pods; the systemd driver writes its dashes as underscores (``<uid_>``) and
-expands the slice to ``kubepods.slice/kubepods-burstable.slice/<slice>``. Container IDs are
-64 lowercase hex digits.
+Pod cgroup path rules (the kubelet's root, both drivers, validated IDs) are in
+:mod:`anolisnuma.system.pod_cgroups`; a :class:`CgroupFs` carries the node's
+:class:`~anolisnuma.system.pod_cgroups.KubeletCgroupLayout` so every user of the hierarchy
+follows the same one. The names below are re-exported for the callers that import them here.
 
 cgroup v1 has one hierarchy per controller: ``<root>/<controller>/<dir>``; cgroup v2 one
 unified tree: ``<root>/<dir>``, detected by ``<root>/cgroup.controllers``.
@@ -27,57 +12,24 @@ unified tree: ``<root>/<dir>``, detected by ``<root>/cgroup.controllers``.
 
 from __future__ import annotations
 
-import enum
 import errno
 import os
-import re
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from anolisnuma.system.knobs import Knob
-
-CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
-_HEX = "[0-9a-fA-F]"
-_UUID = "-".join(f"{_HEX}{{{n}}}" for n in (8, 4, 4, 4, 12))
-_UUID_SYSTEMD = "_".join(f"{_HEX}{{{n}}}" for n in (8, 4, 4, 4, 12))
-_STATIC_UID = f"{_HEX}{{32}}"
-POD_UID_RE = re.compile(f"(?:{_UUID}|{_STATIC_UID})")
-
-_CGROUPFS_RE = re.compile(
-    f"/?kubepods(?:/(?P<cls>burstable|besteffort))?/pod(?P<uid>{_UUID}|{_STATIC_UID})")
-_SYSTEMD_LEAF_RE = re.compile(
-    f"kubepods(?:-(?P<cls>burstable|besteffort))?-pod(?P<uid>{_UUID_SYSTEMD}|{_STATIC_UID})\\.slice")
+from anolisnuma.system.pod_cgroups import (  # noqa: F401 (re-exported)
+    CONTAINER_ID_RE, DEFAULT_LAYOUT, POD_UID_RE, Driver, InvalidCgroupPath, KubeletCgroupLayout,
+    KubeQosClass, PodCgroup, check_container_id, preview,
+)
 
 # Cap on what we read from one cgroup file: enough for every value file we read and for
 # the task lists of any container; longer files are read in further chunks.
 _READ_CHUNK = 65536
 
 
-class Driver(str, enum.Enum):
-    CGROUPFS = "cgroupfs"
-    SYSTEMD = "systemd"
-
-
-class KubeQosClass(str, enum.Enum):
-    GUARANTEED = "guaranteed"
-    BURSTABLE = "burstable"
-    BESTEFFORT = "besteffort"
-
-
-# The kubelet's QoS-class directories, per driver. The guaranteed level is ``kubepods``
-# itself: guaranteed pods sit directly under it.
-QOS_CLASS_DIRS: Dict[Driver, Dict[KubeQosClass, str]] = {
-    Driver.CGROUPFS: {
-        KubeQosClass.GUARANTEED: "kubepods",
-        KubeQosClass.BURSTABLE: "kubepods/burstable",
-        KubeQosClass.BESTEFFORT: "kubepods/besteffort",
-    },
-    Driver.SYSTEMD: {
-        KubeQosClass.GUARANTEED: "kubepods.slice",
-        KubeQosClass.BURSTABLE: "kubepods.slice/kubepods-burstable.slice",
-        KubeQosClass.BESTEFFORT: "kubepods.slice/kubepods-besteffort.slice",
-    },
-}
+# The default layout's QoS-class directories (root "/"), per driver: the guaranteed level
+# is ``kubepods`` itself.
+QOS_CLASS_DIRS: Dict[Driver, Dict[KubeQosClass, str]] = DEFAULT_LAYOUT.qos_class_dirs
 
 
 # ------------------------------------------------------------------------------- errors
@@ -105,10 +57,6 @@ class WriteRefused(HostFileError):
 
 class ReadFailed(HostFileError):
     """The file exists but could not be read or did not hold what was expected."""
-
-
-class InvalidCgroupPath(ValueError):
-    """A ``cgroup_parent`` or container ID that matches none of the known shapes."""
 
 
 # ------------------------------------------------------------------------ file helpers
@@ -215,84 +163,15 @@ def _write_error(path: str, e: OSError) -> HostFileError:
 
 # --------------------------------------------------------------------------- path rules
 
-@dataclass(frozen=True)
-class PodCgroup:
-    """Where a pod's cgroup is, relative to each hierarchy root."""
-
-    driver: Driver
-    kube_class: KubeQosClass
-    uid: str            # with dashes when it has them
-    rel: str            # e.g. "kubepods/burstable/pod<uid>"
-
-    def container_rel(self, container_id: str) -> str:
-        """The container's directory relative to a hierarchy root.
-
-        Raises :class:`InvalidCgroupPath` unless ``container_id`` is 64 lowercase hex digits.
-        """
-        check_container_id(container_id)
-        if self.driver is Driver.SYSTEMD:
-            return f"{self.rel}/cri-containerd-{container_id}.scope"
-        return f"{self.rel}/{container_id}"
-
-
-def check_container_id(container_id: str) -> str:
-    if not isinstance(container_id, str) or not CONTAINER_ID_RE.fullmatch(container_id):
-        raise InvalidCgroupPath(f"not a container ID: {preview(container_id)}")
-    return container_id
-
-
 def parse_cgroup_parent(cgroup_parent: str) -> PodCgroup:
-    """Map a kubelet ``cgroup_parent`` to its pod cgroup.
-
-    Accepts only the kubelet shapes listed in the module docstring (for systemd also the
-    expanded ``/kubepods.slice/.../<slice>`` form). Raises :class:`InvalidCgroupPath`
-    for anything else.
-    """
-    if not isinstance(cgroup_parent, str) or len(cgroup_parent) > 256:
-        raise InvalidCgroupPath(f"cgroup_parent not recognized: {preview(cgroup_parent)}")
-    m = _CGROUPFS_RE.fullmatch(cgroup_parent)
-    if m:
-        cls = _kube_class(m.group("cls"))
-        uid = m.group("uid")
-        return PodCgroup(Driver.CGROUPFS, cls, uid, f"{QOS_CLASS_DIRS[Driver.CGROUPFS][cls]}/pod{uid}")
-    leaf = cgroup_parent
-    expanded = "/" in cgroup_parent
-    if expanded:
-        leaf = cgroup_parent.rstrip("/").rsplit("/", 1)[-1]
-    m = _SYSTEMD_LEAF_RE.fullmatch(leaf)
-    if m:
-        cls = _kube_class(m.group("cls"))
-        rel = f"{QOS_CLASS_DIRS[Driver.SYSTEMD][cls]}/{leaf}"
-        if expanded and cgroup_parent.strip("/") != rel:
-            raise InvalidCgroupPath(f"cgroup_parent not recognized: {preview(cgroup_parent)}")
-        return PodCgroup(Driver.SYSTEMD, cls, m.group("uid").replace("_", "-"), rel)
-    raise InvalidCgroupPath(f"cgroup_parent not recognized: {preview(cgroup_parent)}")
+    """:meth:`KubeletCgroupLayout.parse` of the default layout (kubelet root ``/``, either
+    driver); code that has a :class:`CgroupFs` uses ``fs.layout.parse``."""
+    return DEFAULT_LAYOUT.parse(cgroup_parent)
 
 
 def pod_cgroup_for(driver: Driver, kube_class: KubeQosClass, uid: str) -> PodCgroup:
-    """The pod cgroup the kubelet makes for ``uid`` (raises :class:`InvalidCgroupPath` for
-    a malformed UID)."""
-    if not isinstance(uid, str) or not POD_UID_RE.fullmatch(uid):
-        raise InvalidCgroupPath(f"not a pod UID: {preview(uid)}")
-    base = QOS_CLASS_DIRS[driver][kube_class]
-    if driver is Driver.SYSTEMD:
-        prefix = "kubepods" if kube_class is KubeQosClass.GUARANTEED else f"kubepods-{kube_class.value}"
-        return PodCgroup(driver, kube_class, uid, f"{base}/{prefix}-pod{uid.replace('-', '_')}.slice")
-    return PodCgroup(driver, kube_class, uid, f"{base}/pod{uid}")
-
-
-def _kube_class(group: Optional[str]) -> KubeQosClass:
-    return KubeQosClass(group) if group else KubeQosClass.GUARANTEED
-
-
-def preview(value: object, limit: int = 64) -> str:
-    """A printable, bounded rendering of an untrusted value for log lines: non-ASCII,
-    control characters, NUL and lone surrogates are escaped, long values cut."""
-    if isinstance(value, str) and len(value) > limit:
-        return ascii(value[:limit]) + f"...({len(value)} chars)"
-    if isinstance(value, (bytes, bytearray)) and len(value) > limit:
-        return ascii(bytes(value[:limit])) + f"...({len(value)} bytes)"
-    return ascii(value)
+    """:meth:`KubeletCgroupLayout.pod_cgroup_for` of the default layout."""
+    return DEFAULT_LAYOUT.pod_cgroup_for(driver, kube_class, uid)
 
 
 # ----------------------------------------------------------------------- the hierarchy
@@ -301,8 +180,10 @@ class CgroupFs:
     """A cgroup mount (v1: the directory holding one mount per controller; v2: the unified
     mount). All paths it hands out are under ``root``."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, layout: Optional[KubeletCgroupLayout] = None) -> None:
         self.root = os.path.abspath(root)
+        # (a layout of its own: what it reports once is reported per daemon, not per process)
+        self.layout = layout if layout is not None else KubeletCgroupLayout()
         self.version = 2 if os.path.exists(os.path.join(self.root, "cgroup.controllers")) else 1
 
     def dir(self, controller: str, rel: str) -> str:
@@ -330,7 +211,7 @@ class CgroupFs:
         if not os.path.isdir(base):
             return (f"controller {knob.controller} not mounted at {base}" if self.version == 1
                     else f"no cgroup v2 tree at {base}")
-        candidates = [""] + [r for r in ("kubepods", "kubepods.slice")
+        candidates = [""] + [r for r in self.layout.kubepods_dirs().values()
                              if os.path.isdir(self.dir(knob.controller, r))]
         for rel in candidates:
             if os.path.exists(self.knob_path(knob, rel)):
@@ -362,20 +243,20 @@ class CgroupFs:
         return cache[key]
 
     def drivers_present(self) -> List[Driver]:
-        """The cgroup drivers whose ``kubepods`` directory exists now."""
-        return [d for d in Driver if self.exists(QOS_CLASS_DIRS[d][KubeQosClass.GUARANTEED])]
+        """The cgroup drivers whose ``kubepods`` directory (under the kubelet's root) exists now."""
+        return [d for d, rel in self.layout.kubepods_dirs().items() if self.exists(rel)]
 
     def locate_pod(self, uid: str) -> Optional[PodCgroup]:
-        """Find the pod cgroup of ``uid`` among the six places the kubelet may have made it
-        (for pods recorded without a ``cgroup_parent``). ``None`` if it is nowhere."""
-        for driver in Driver:
-            for cls in KubeQosClass:
-                try:
-                    pc = pod_cgroup_for(driver, cls, uid)
-                except InvalidCgroupPath:
-                    return None
-                if self.exists(pc.rel) or self.exists(pc.rel, "memory"):
-                    return pc
+        """Find the pod cgroup of ``uid`` among the places the kubelet may have made it
+        (its layout's drivers and QoS classes; for pods recorded without a
+        ``cgroup_parent``). ``None`` if it is nowhere or ``uid`` is malformed."""
+        try:
+            candidates = self.layout.candidates(uid)
+        except InvalidCgroupPath:
+            return None
+        for pc in candidates:
+            if self.exists(pc.rel) or self.exists(pc.rel, "memory"):
+                return pc
         return None
 
     def task_ids_path(self, rel: str) -> str:

@@ -61,7 +61,7 @@ from pyroute2.netlink.diag import (
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
 from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_GET, NFCTAttrTuple, nfct_msg
 
-from anolisnuma.system.cgroups import InvalidCgroupPath, parse_cgroup_parent
+from anolisnuma.system.pod_cgroups import DEFAULT_LAYOUT, KubeletCgroupLayout
 
 CLONE_NEWNET = 0x40000000
 
@@ -632,37 +632,21 @@ def socket_inodes(proc_root: str, pid: int) -> List[int]:
     return out
 
 
-def pod_uid_from_cgroup_path(path: str) -> Optional[str]:
-    """The pod UID in a cgroup path as ``/proc/<pid>/cgroup`` shows it, for either kubelet
-    cgroup driver, wherever the ``kubepods`` part sits (a cgroup root or a node running in
-    a container puts a prefix before it). ``None`` when the path is not inside a pod cgroup.
-    The UID is validated by :func:`anolisnuma.system.cgroups.parse_cgroup_parent`."""
-    parts = path.split("/")
-    for i, part in enumerate(parts):
-        if part == "kubepods":
-            j = i + 1
-            if j < len(parts) and parts[j] in ("burstable", "besteffort"):
-                j += 1
-            if j < len(parts) and parts[j].startswith("pod"):
-                try:
-                    return parse_cgroup_parent("/" + "/".join(parts[i:j + 1])).uid
-                except InvalidCgroupPath:
-                    return None
-        elif part.startswith("kubepods") and part.endswith(".slice") and "-pod" in part:
-            try:
-                return parse_cgroup_parent(part).uid
-            except InvalidCgroupPath:
-                return None
-    return None
+def pod_uid_from_cgroup_path(path: str, layout: Optional[KubeletCgroupLayout] = None) -> Optional[str]:
+    """The pod UID in a cgroup path as ``/proc/<pid>/cgroup`` shows it, for the kubelet's
+    cgroup layout (``layout``; default: root ``/``, either driver), wherever the pod part
+    sits (a node running in a container puts a prefix before it). ``None`` when the path is
+    not inside a pod cgroup. The UID is validated by the layout's path rules."""
+    return (layout or DEFAULT_LAYOUT).pod_uid_from_cgroup_path(path)
 
 
-def pod_uid_of(proc_root: str, pid: int) -> Optional[str]:
+def pod_uid_of(proc_root: str, pid: int, layout: Optional[KubeletCgroupLayout] = None) -> Optional[str]:
     """The UID of the pod whose cgroup ``pid`` is in (first hierarchy that names one), or
     ``None``. Raises OSError if the process is gone."""
     text = _read_small(os.path.join(proc_root, str(int(pid)), "cgroup"))
     for line in text.splitlines():
         path = line.split(":", 2)[-1]
-        uid = pod_uid_from_cgroup_path(path)
+        uid = pod_uid_from_cgroup_path(path, layout)
         if uid is not None:
             return uid
     return None

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
 from anolisnuma.system import sockdiag
-from anolisnuma.system.cgroups import POD_UID_RE
+from anolisnuma.system.pod_cgroups import POD_UID_RE, KubeletCgroupLayout
 from anolisnuma.system.sockdiag import NetnsKey, TcpSocket, is_loopback
 
 PodPair = Tuple[str, str]          # two pod UIDs, the smaller first
@@ -213,7 +213,8 @@ class SockDiagSource(TrafficSource):
 
     def __init__(self, proc_root: str = "/proc", *, host_pid: int = 1, conntrack: bool = True,
                  full_dump_every: int = 30, max_nat_lookups: int = 256, timeout: float = 30.0,
-                 socket_timeout: float = 2.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 socket_timeout: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 layout: Optional[KubeletCgroupLayout] = None) -> None:
         if full_dump_every < 1:
             raise ValueError("full_dump_every must be at least 1")
         self.proc_root = proc_root
@@ -224,6 +225,7 @@ class SockDiagSource(TrafficSource):
         self.timeout = timeout
         self.socket_timeout = socket_timeout
         self.clock = clock
+        self.layout = layout   # the kubelet's cgroup layout: which cgroup paths are pods'
         self._ns: Dict[NetnsKey, _NsState] = {}
         self._nat: Dict[Tuple[NetnsKey, bytes], Optional[sockdiag.Flow]] = {}
         self._verified: Dict[int, Tuple[NetnsKey, str]] = {}    # PID -> (namespace, its pod)
@@ -412,7 +414,7 @@ class SockDiagSource(TrafficSource):
                 if cached is not None and cached[0] == key:
                     owner: Optional[str] = cached[1]
                 else:
-                    owner = sockdiag.pod_uid_of(self.proc_root, pid)
+                    owner = sockdiag.pod_uid_of(self.proc_root, pid, self.layout)
                     if owner is not None:
                         self._verified[pid] = (key, owner)
             except OSError:
@@ -452,7 +454,7 @@ class SockDiagSource(TrafficSource):
         if any(s.diag_id[40:48] not in known for s in todo):
             for pid in sockdiag.list_pids(self.proc_root):
                 try:
-                    owner = sockdiag.pod_uid_of(self.proc_root, pid)
+                    owner = sockdiag.pod_uid_of(self.proc_root, pid, self.layout)
                     if owner is None or owner.lower() not in g.uids:
                         continue
                     if sockdiag.netns_key(self.proc_root, pid) != g.key:
@@ -584,8 +586,9 @@ class TrafficObserver:
     rates per sample. Smoothing is the affinity graph's (``policies/numa/affinity.py``),
     done once, there."""
 
-    def __init__(self, source: Optional[TrafficSource] = None, *, proc_root: str = "/proc") -> None:
-        self.source = source if source is not None else SockDiagSource(proc_root)
+    def __init__(self, source: Optional[TrafficSource] = None, *, proc_root: str = "/proc",
+                 layout: Optional[KubeletCgroupLayout] = None) -> None:
+        self.source = source if source is not None else SockDiagSource(proc_root, layout=layout)
         self.last: Optional[TrafficSample] = None
 
     def sample(self, pods: Mapping[str, PodProcess]) -> TrafficSample:

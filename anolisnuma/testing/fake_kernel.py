@@ -33,7 +33,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from anolisnuma.config import PathsConfig
 from anolisnuma.system import knobs
-from anolisnuma.system.cgroups import QOS_CLASS_DIRS, Driver, KubeQosClass, PodCgroup, parse_cgroup_parent
+from anolisnuma.system.pod_cgroups import DEFAULT_LAYOUT, Driver, KubeletCgroupLayout, KubeQosClass, PodCgroup
 
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 ANOLIS_KNOBS = tuple(k.name for k in knobs.CGROUP_KNOBS)
@@ -63,7 +63,8 @@ class FakeCgroupTree:
 
     def __init__(self, root: str, version: int = 1, controllers: Sequence[str] = V1_CONTROLLERS,
                  anolis: Iterable[str] = ANOLIS_KNOBS, root_anolis: Iterable[str] = ROOT_ANOLIS_KNOBS,
-                 kubepods: Sequence[Driver] = (Driver.CGROUPFS,)) -> None:
+                 kubepods: Sequence[Driver] = (Driver.CGROUPFS,),
+                 layout: KubeletCgroupLayout = DEFAULT_LAYOUT) -> None:
         if version not in (1, 2):
             raise ValueError("version must be 1 or 2")
         self.root = root
@@ -80,7 +81,7 @@ class FakeCgroupTree:
             self._populate(base, self._controller_of(base), root=True)
         for driver in kubepods:
             for cls in KubeQosClass:
-                self.make_dir(QOS_CLASS_DIRS[driver][cls])
+                self.make_dir(layout.qos_class_dirs[driver][cls])
 
     def _bases(self) -> List[str]:
         if self.version == 2:
@@ -293,12 +294,15 @@ class FakeKernel:
                  root_anolis: Iterable[str] = ROOT_ANOLIS_KNOBS,
                  kubepods: Sequence[Driver] = (Driver.CGROUPFS, Driver.SYSTEMD),
                  sched_group_identity_enabled: Optional[int] = 0, sched_core: Optional[int] = None,
-                 vendor: str = "intel", resctrl: Optional[dict] = None) -> None:
+                 vendor: str = "intel", resctrl: Optional[dict] = None,
+                 layout: KubeletCgroupLayout = DEFAULT_LAYOUT) -> None:
         """``resctrl``: keyword arguments for :class:`FakeResctrl` (``{}`` = defaults for
-        the vendor), or ``None`` for a kernel without resctrl."""
+        the vendor), or ``None`` for a kernel without resctrl. ``layout``: the kubelet's
+        cgroup root the ``kubepods`` directories are made under."""
         self.base = base
+        self.layout = layout
         self.cgroup = FakeCgroupTree(os.path.join(base, "cgroup"), cgroup_version, anolis=anolis,
-                                     root_anolis=root_anolis, kubepods=kubepods)
+                                     root_anolis=root_anolis, kubepods=kubepods, layout=layout)
         self.proc = FakeProc(os.path.join(base, "proc"), sched_group_identity_enabled, sched_core, vendor)
         self.resctrl: Optional[FakeResctrl] = None
         if resctrl is not None:
@@ -323,12 +327,12 @@ class FakeKernel:
 
     # -- pods ---------------------------------------------------------------------------
     def make_pod(self, cgroup_parent: str, tids: Sequence[int] = ()) -> PodCgroup:
-        pc = parse_cgroup_parent(cgroup_parent)
+        pc = self.layout.parse(cgroup_parent)
         self.cgroup.make_dir(pc.rel, tids)
         return pc
 
     def make_container(self, cgroup_parent: str, container_id: str, tids: Sequence[int] = ()) -> str:
-        rel = parse_cgroup_parent(cgroup_parent).container_rel(container_id)
+        rel = self.layout.parse(cgroup_parent).container_rel(container_id)
         self.cgroup.make_dir(rel, tids)
         return rel
 

@@ -139,8 +139,10 @@ def test_pods_shows_each_level_and_placement_and_where_it_came_from(node):
     assert agent["opted_out"] == "anolisnuma.io/skip"
     assert agent["qos"]["why"] == agent["numa"]["why"] == "opted out (anolisnuma.io/skip)"
     outside = rows[("default", "outside")]
+    fix = outside["qos"].pop("fix")
     assert outside["qos"] == {"level": None, "why": "skipped: cgroup_parent not recognized",
                               "detail": "cgroup_parent '/system.slice/outside.scope'"}
+    assert fix.startswith("the layout is cgroup root /, driver cgroupfs/systemd") and "kubelet_cgroup_root" in fix
 
     code, out, err = node.ctl("pods")
     assert code == 0, err
@@ -188,7 +190,10 @@ def test_explain_tells_every_decision_with_what_was_behind_it(node):
     calls = [(c["method"], c["container"], c["status"]) for c in e["calls"]]
     assert calls == [("RunPodSandbox", None, "OK"), ("CreateContainer", "app", "OK"), ("StartContainer", "app", "OK"),
                      ("CreateContainer", "sidecar", "OK"), ("StartContainer", "sidecar", "OK")]
-    assert e["calls"][0]["decisions"]["qos"] == "BE"
+    assert e["calls"][0]["decisions"]["qos"] == ("BE: set cpu.bvt_warp_ns=-1, memory.priority=0, "
+                                                 "memory.use_priority_oom=1, memory.wmark_min_adj=50, "
+                                                 "memory.wmark_ratio=95, memory.wmark_scale_factor=20")
+    assert e["qos"]["knobs"]["unsupported"] == [] and "cpu.bvt_warp_ns=-1" in e["qos"]["knobs"]["set"]
     assert e["calls"][0]["decisions"]["numa"] == "managed (namespace); placed at its first container"
     assert e["calls"][1]["decisions"]["numa"].startswith(f"placed on node {e['numa']['nodes'][0]} ")
     assert "(balance: most free capacity" in e["calls"][1]["decisions"]["numa"]
@@ -206,7 +211,9 @@ def test_explain_tells_every_decision_with_what_was_behind_it(node):
     code, out, err = node.ctl("explain", "batch/web-0")
     assert code == 0, err
     head = dict(line.split(":", 1) for line in out.split("\n\n")[0].splitlines())
-    assert head["qos"].strip() == "BE (annotation anolisbox.sh/qoslevel=BE)"
+    assert head["qos"].strip() == ("BE (annotation anolisbox.sh/qoslevel=BE); set cpu.bvt_warp_ns=-1, "
+                                   "memory.priority=0, memory.use_priority_oom=1, memory.wmark_min_adj=50, "
+                                   "memory.wmark_ratio=95, memory.wmark_scale_factor=20")
     assert head["markings"].strip() == "annotation anolisbox.sh/qoslevel=BE"
     assert head["numa"].strip().startswith("node ") and head["numa"].strip().endswith(": balance (namespace)")
     calls = rows_of(out.split("\n\n")[-1])
@@ -270,18 +277,21 @@ def test_reload_applies_a_good_configuration_and_refuses_a_bad_one(node):
 
 
 def test_a_pod_outside_kubepods_is_warned_about_once_not_at_every_call(node):
+    """Once for the daemon (every pod of a node whose kubelet has another layout is refused
+    alike), with the fix; the count is in status."""
     k = node.kubelet
     outside = k.run_started("outside", namespace="default", cgroup_parent="/system.slice/outside.scope",
                             containers=("a", "b", "c"))
-    other = k.run_started("other", namespace="default", cgroup_parent="/system.slice/other.scope")
+    k.run_started("other", namespace="default", cgroup_parent="/system.slice/other.scope")
     k.remove(outside)
-    again = k.run_started("outside", namespace="default", uid=outside.uid, cgroup_parent="/system.slice/outside.scope")
+    k.run_started("outside", namespace="default", uid=outside.uid, cgroup_parent="/system.slice/outside.scope")
     flush_logs()
     lines = [x for x in read_log(node.proxy.log_file) if x.get("message") == "qos skipped: cgroup_parent not recognized"]
-    # once per pod (not at each of its 7 calls); once more after the pod was removed and came back
-    assert [(x["pod"], x["level"]) for x in lines] == [("default/outside", "warning"), ("default/other", "warning"),
-                                                        ("default/outside", "warning")]
-    assert again.uid == outside.uid
+    assert [(x["pod"], x["level"]) for x in lines] == [("default/outside", "warning")]
+    assert "kubelet_cgroup_root" in lines[0]["fix"]
+    s = node.ctl_json("status")
+    assert s["knobs"]["kubelet_cgroups"]["unknown_cgroup_parents"] >= 3 and s["state"] == "ready"
+    assert s["warnings"] and "[cgroups] kubelet_cgroup_root" in s["warnings"][0]
 
 
 def test_ctl_speaks_json_wherever_the_option_is_given(node):

@@ -324,7 +324,11 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
             assert dec[-1]["cgroup"] == made[name]["rel"]
             assert hook.state.by_uid(made[name]["pod"].uid).level.value == level
             rep = _lines(p, "run pod sandbox reply from containerd", pod_name=name)
-            assert rep and rep[-1]["status"] == "OK" and rep[-1]["decisions"] == {"qos": level}
+            assert rep and rep[-1]["status"] == "OK" and list(rep[-1]["decisions"]) == ["qos"]
+            # the decision says what the level set on this (fake, every knob) kernel
+            assert rep[-1]["decisions"]["qos"] == (
+                f"{level}: set " + ", ".join(f"{k}={v}" for k, v in sorted(POD_VALUES[level].items()))
+                + f"; resctrl group {group}")
         written = _lines(p, "knob written")
         assert written and all(e["path"].startswith(fk.base + os.sep) for e in written)
         assert not _lines(p, "hook failed")

@@ -426,11 +426,13 @@ def test_what_the_reaper_says_is_gone_is_released_and_persisted(seed):
     b = seed.create(other, "b", request=1000)
     assert seed.hook.holders() == [p]
     assert p.held() == PodKeys.of([pod.uid, other.uid], [pod.sandbox_id, other.sandbox_id], [a, b])
-    assert p.structures() == {"allocations": 2, "containers": 2, "pending_repins": 0, "moves_in_flight": 0}
+    assert p.structures() == {"allocations": 2, "containers": 2, "pending_repins": 0, "moves_in_flight": 0,
+                              "moved_pods": 0}
     p.forget(PodGone.of_ids("resync", container_ids=[b]))
     assert p.held().container_ids == {a}
     p.forget(PodGone.of_ids("resync", [pod.uid, other.uid]))
-    assert p.structures() == {"allocations": 0, "containers": 0, "pending_repins": 0, "moves_in_flight": 0}
+    assert p.structures() == {"allocations": 0, "containers": 0, "pending_repins": 0, "moves_in_flight": 0,
+                              "moved_pods": 0}
     assert seed.saved()["allocations"] == []
     assert all(load.millicpu == 0 for load in p.ledger.loads().values())
 

@@ -111,7 +111,8 @@ def test_each_level_and_knob_lands(kernel, version, driver, level):
     hook = QosHook(config(), fk.paths)
     pod = Pod(fk, hook, driver=driver, annotations={"anolisbox.sh/qoslevel": level.lower()})
     call = pod.run()
-    assert call.notes["qos"] == level
+    # the decision says what was set, knob by knob (every knob is on this fake kernel)
+    assert call.notes["qos"] == f"{level}: set " + ", ".join(f"{k}={v}" for k, v in sorted(POD[level].items()))
     assert pod.knobs() == POD[level]
     cid = pod.create()
     rel = pod.start(cid)
@@ -343,7 +344,8 @@ def test_unknown_cgroup_parent_is_skipped_without_error(node):
 
 
 def test_a_pod_outside_kubepods_is_warned_about_once_then_at_debug(node):
-    """Every call of such a pod admits it again; the condition is the pod's, not the call's."""
+    """Every call of such a pod admits it again; the layout that refuses it is reported once,
+    with the fix, not once per pod: every pod of such a node is refused alike."""
     hook = QosHook(config(), node.paths)
     cfg = pb.PodSandboxConfig()
     cfg.metadata.uid, cfg.metadata.name, cfg.metadata.namespace = str(uuid.uuid4()), "outside", "default"
@@ -354,15 +356,23 @@ def test_a_pod_outside_kubepods_is_warned_about_once_then_at_debug(node):
             hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg)))
             hook.post(Call("CreateContainer", pb.CreateContainerRequest(pod_sandbox_id=sandbox_id, sandbox_config=cfg),
                            reply=pb.CreateContainerResponse(container_id=uuid.uuid4().hex * 2)))
-    levels = [e["log_level"] for e in logs if e["event"] == "qos skipped: cgroup_parent not recognized"]
+    lines = [e for e in logs if e["event"] == "qos skipped: cgroup_parent not recognized"]
+    levels = [e["log_level"] for e in lines]
     # (debug lines reach capture_logs only when no earlier test configured logging at info)
     assert levels[0] == "warning" and set(levels[1:]) <= {"debug"} and len(levels) in (1, 6)
-    # it is held under its UID; once it is gone, a pod of that UID is new again
-    assert cfg.metadata.uid in hook.held().uids
-    hook.forget(PodGone.of_ids("removed", [cfg.metadata.uid], [sandbox_id]))
+    assert "kubelet_cgroup_root" in lines[0]["fix"]
+    # another pod of the same node: no second warning; the count says how many were refused
+    other = pb.PodSandboxConfig()
+    other.CopyFrom(cfg)
+    other.metadata.uid = str(uuid.uuid4())
     with capture_logs() as logs:
-        hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=cfg)))
-    assert [e["log_level"] for e in logs if "cgroup_parent not recognized" in e["event"]] == ["warning"]
+        hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=other)))
+    assert [e["log_level"] for e in logs if "cgroup_parent not recognized" in e["event"]] in ([], ["debug"])
+    assert hook.cgroups.layout.unknown_seen == 7
+    # all that is kept of a refused pod is the mark that it was told, forgotten when it goes
+    assert cfg.metadata.uid in hook.held().uids
+    hook.forget(PodGone.of_ids("resync", uids=[cfg.metadata.uid, other.metadata.uid]))
+    assert cfg.metadata.uid not in hook.held().uids and len(hook._warned) == 0
 
 
 # ------------------------------------------------------------------ hostile input

@@ -26,7 +26,7 @@ only rank a pod's containers against each other, so it is not done.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from anolisnuma.policies.qos.config import QosConfig
 from anolisnuma.policies.qos.levels import QosLevel
@@ -128,3 +128,30 @@ def plan_globals(cfg: QosConfig, support: KnobSupport) -> GlobalPlan:
     if gi.enabled and gi.enable_sysctl and support.has(knobs.SCHED_GROUP_IDENTITY_ENABLED):
         sysctls.append(KnobSetting(knobs.SCHED_GROUP_IDENTITY_ENABLED, 1))
     return GlobalPlan(tuple(root), tuple(sysctls))
+
+
+def level_knob_report(cfg: QosConfig, level: QosLevel, support: KnobSupport, pod_targets: Iterable[object] = (),
+                      container_targets: Iterable[object] = ()) -> Dict[str, object]:
+    """What a QoS level means on this kernel, for ``explain`` and the decision log: the
+    knobs kept at a value (``set``: ``name=value`` per knob, from the pod's and its
+    containers' targets: objects with ``knob`` and ``value``), the knobs the level would
+    set that this kernel lacks (``unsupported``), and ``dry_run``. A level whose ``set``
+    is empty changed nothing on this node."""
+    written: Dict[str, str] = {}
+    for t in list(pod_targets) + list(container_targets):
+        written.setdefault(t.knob.name, f"{t.knob.name}={t.value}")   # type: ignore[attr-defined]
+    wanted = plan_level(cfg, level, KnobSupport.everything())
+    missing = sorted({s.knob.name for s in wanted.pod + wanted.container if not support.has(s.knob)})
+    return {"set": [written[k] for k in sorted(written)], "unsupported": missing, "dry_run": cfg.dry_run}
+
+
+def describe_knob_report(level: QosLevel, report: Dict[str, object]) -> str:
+    """One line: the level and what it set here, or that it set nothing and why."""
+    done = list(report.get("set") or [])   # type: ignore[call-overload]
+    missing = list(report.get("unsupported") or [])   # type: ignore[call-overload]
+    if done:
+        text = f"{level.value}: {'would set' if report.get('dry_run') else 'set'} {', '.join(done)}"
+        return text + (f"; not on this kernel: {', '.join(missing)}" if missing else "")
+    if missing:
+        return f"{level.value}: nothing written (not on this kernel: {', '.join(missing)})"
+    return f"{level.value}: nothing written (every knob of this level is turned off in [qos])"
