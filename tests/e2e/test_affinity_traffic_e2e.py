@@ -37,12 +37,16 @@ RECEIVER = ["/bin/sh", "-c",
             f"while :; do sleep 2147483647 | nc -l -p {PORT} >/dev/null & wait $!; done"]
 
 
+GATE = "/traffic-may-start"      # A sends nothing until the test creates this file in it
+
+
 def sender(ip: str) -> List[str]:
-    """PID 1 of A: a throttled stream to ``ip``, reconnecting if B was not listening yet.
-    ``|| exit`` ends the writer once nc is gone (dd then dies of SIGPIPE), so no writer
-    outlives its connection. ``& wait`` lets the TERM trap run at once."""
+    """PID 1 of A: once the test opens the gate, a throttled stream to ``ip``, reconnecting
+    if B was not listening yet. ``|| exit`` ends the writer once nc is gone (dd then dies of
+    SIGPIPE), so no writer outlives its connection. ``& wait`` lets the TERM trap run at once."""
     return ["/bin/sh", "-c",
             "trap 'exit 0' TERM; "
+            f"while [ ! -e {GATE} ]; do sleep 0.05 & wait $!; done; "
             "while :; do "
             f"(while :; do dd if=/dev/zero bs=65536 count={BLOCKS} 2>/dev/null || exit; sleep 0.1; done)"
             f" | nc {ip} {PORT} & wait $!; "
@@ -144,6 +148,8 @@ def test_real_traffic_between_two_pods_moves_one_next_to_the_other(containerd, d
         before = {p.uid: alloc_of(hook, p.uid).nodes for p in (a, b, c)}
         assert (before[b.uid], before[a.uid], before[c.uid]) == ((0,), (1,), (0,))
         assert (real_cpus(direct, cb), real_cpus(direct, ca), real_cpus(direct, cc)) == ("0", "1", "0")
+        # Only now may A talk to B: a move before the placements were read would hide them.
+        assert kl.exec_sync(ca, ["touch", GATE]).exit_code == 0
 
         # The daemon's own loop samples, confirms the pair twice and moves one pod. A move
         # is counted at the end of its pass, once the re-pinner applied it (the ledger

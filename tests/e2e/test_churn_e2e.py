@@ -17,7 +17,7 @@ if SCRIPTS not in sys.path:
 from bench_churn import ChurnSoak, SoakPlan  # noqa: E402
 
 # Every holder the daemon has with QoS, NUMA and affinity on, and the store.
-HOLDERS = {"store", "recent_calls", "pod_locks", "journal", "numa", "numa-affinity", "qos"}
+HOLDERS = {"store", "recent_calls", "pod_locks", "journal", "numa", "numa-affinity", "numa-respread", "qos"}
 
 
 def test_every_structure_returns_to_empty_once_the_pods_are_gone(containerd, tmp_path):
