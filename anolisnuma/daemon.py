@@ -302,7 +302,9 @@ class Daemon:
                  grace_seconds=grace,
                  new_connections="wait in systemd's backlog" if self.listener.inherited else "refused")
         await self.admin.close()
+        started = time.monotonic()
         cut = await self.relay.drain(max(0.0, deadline - time.monotonic()))
+        drained_ms = round((time.monotonic() - started) * 1000, 1)
         if cut:
             log.warning("shutdown grace over: calls still in flight were cut (the kubelet retries them)",
                         grace_seconds=grace, calls_cut=len(cut), methods=_count(cut))
@@ -322,7 +324,7 @@ class Daemon:
         self.store.close()
         self.executor.shutdown(wait=False)
         self.reload_pool.shutdown(wait=False)
-        log.info("anolisnuma stopped", calls_cut=len(cut), counters=self.interceptor.counters.snapshot())
+        log.info("anolisnuma stopped", calls_cut=len(cut), drained_in_ms=drained_ms, counters=self.interceptor.counters.snapshot())
 
     def _post_budget(self) -> float:
         """The longest a post-hook may take (its budget), for the wait at shutdown."""

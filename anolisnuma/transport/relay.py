@@ -159,6 +159,9 @@ class Relay:
             for task in pending:
                 task.cancel()
         cut = [m for s in self.splices for m in s.open_methods()]
+        watches = sum(s.open_watches() for s in self.splices)
+        if watches:
+            log.info("event watches end with their connections; the client opens them again", watches=watches)
         for s in list(self.splices):
             s.close("proxy shutting down")
         for summary in (self._unreachable, self._faults, self._over_cap, self._silent):

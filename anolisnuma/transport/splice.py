@@ -78,6 +78,10 @@ CLOSE_LINGER_SECONDS = 2.0
 DRAIN_PING = b"anolisnm"
 DRAIN_PING_TIMEOUT_SECONDS = 1.0
 MAX_STREAM_ID = (1 << 31) - 1
+# Streams that never end by themselves (event watches): a shutdown does not wait for them;
+# they end when the connection closes, after the other calls, and the client opens them
+# again on its new connection (the kubelet does, and relists).
+WATCH_PATH_ENDS = ("/GetContainerEvents", "/containerd.services.events.v1.Events/Subscribe")
 
 _conn_ids = itertools.count(1)
 
@@ -1075,11 +1079,15 @@ class Splice:
 
     @property
     def drained(self) -> bool:
-        """Closed, or told to go away for good with no call left open."""
-        return self.closed or (self.goodbye == 2 and not self.open_streams)
+        """Closed, or told to go away for good with no call left open but event watches."""
+        return self.closed or (self.goodbye == 2 and not self.open_methods())
 
     def open_methods(self) -> List[str]:
-        return sorted(self.open_streams.values())
+        """The paths of the calls open, event watches left out."""
+        return sorted(p for p in self.open_streams.values() if not p.endswith(WATCH_PATH_ENDS))
+
+    def open_watches(self) -> int:
+        return sum(1 for p in self.open_streams.values() if p.endswith(WATCH_PATH_ENDS))
 
     def _wake_idle(self) -> None:
         if self.idle_waiters and self.drained:
