@@ -94,9 +94,10 @@ def load_json_state(path: str, version: int, decode: Callable[[Dict[str, Any]], 
     try:
         data = json.loads(read_regular_file(path, STATE_MAX_BYTES, follow_symlinks=False))
         found = data.get("version") if isinstance(data, dict) else None
-        if isinstance(found, int) and not isinstance(found, bool) and found > version:
+        exact = type(found) is int   # (not a bool: True == 1)
+        if exact and found > version:
             raise StateFormatTooNew(path, found, version)
-        if found != version:
+        if not exact or found != version:
             raise ValueError(f"not a format version {version} state file (version {found!r})")
         return decode(data)
     except FileNotFoundError:

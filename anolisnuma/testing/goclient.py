@@ -209,11 +209,11 @@ class GoLoad:
     def __init__(self, socket_path: str, *, pods: Sequence[Any] = (), streams: Sequence[Any] = (),
                  poll_interval_ms: int = 100, list_interval_ms: int = 1000, deadline_ms: int = 120000,
                  lifecycle_pause_ms: int = 0, stop_timeout_s: int = 2, reopen_ms: int = 100,
-                 binary: Optional[str] = None) -> None:
+                 trace: bool = False, binary: Optional[str] = None) -> None:
         self.spec = {
             "socket": socket_path, "poll_interval_ms": poll_interval_ms, "list_interval_ms": list_interval_ms,
             "deadline_ms": deadline_ms, "lifecycle_pause_ms": lifecycle_pause_ms,
-            "stop_timeout_s": stop_timeout_s, "reopen_ms": reopen_ms,
+            "stop_timeout_s": stop_timeout_s, "reopen_ms": reopen_ms, "trace": trace,
             "pods": [{"sandbox_config": base64.b64encode(bytes(sb)).decode(),
                       "container_config": base64.b64encode(bytes(ct)).decode()} for sb, ct in pods],
             "streams": [{"name": n, "method": m, "body": base64.b64encode(bytes(b)).decode(), "socket": sock}

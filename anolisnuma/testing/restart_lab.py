@@ -73,8 +73,50 @@ class RestartLab:
         self.tree = tree
         return self.supervisor.restart(env=self.env(tree), cwd=tree)
 
-    def close(self) -> None:
+    def close(self) -> List[str]:
+        """Stop the daemon and the socket; remove every pod of NAMESPACE from containerd
+        (directly) and the pod cgroups made; returns what could not be removed."""
         self.supervisor.close()
+        return self.remove_pods()
+
+    def run_pod(self, name: str, millicpu: int = 500, socket_path: Optional[str] = None) -> Tuple[str, str]:
+        """A pod with one running container, made through the proxy (or ``socket_path``) the
+        kubelet's way; (sandbox id, container id)."""
+        from cri_api.v1 import api_pb2 as pb
+        from cri_api.v1 import api_pb2_grpc as pbg
+        import grpc
+
+        sandbox, container, _ = self.pod_template(name, millicpu)
+        sb, ct = pb.PodSandboxConfig.FromString(sandbox), pb.ContainerConfig.FromString(container)
+        with grpc.insecure_channel(f"unix://{socket_path or self.socket}") as ch:
+            rt = pbg.RuntimeServiceStub(ch)
+            pod = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sb), timeout=60).pod_sandbox_id
+            cid = rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=ct, sandbox_config=sb),
+                                     timeout=60).container_id
+            rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
+        return pod, cid
+
+    def remove_pods(self) -> List[str]:
+        from cri_api.v1 import api_pb2 as pb
+        from cri_api.v1 import api_pb2_grpc as pbg
+        import grpc
+
+        problems = []
+        with grpc.insecure_channel(f"unix://{self.containerd.socket}") as ch:
+            rt = pbg.RuntimeServiceStub(ch)
+            for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+                if p.metadata.namespace != NAMESPACE:
+                    continue
+                try:
+                    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id), timeout=60)
+                    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id), timeout=60)
+                except grpc.RpcError as e:
+                    problems.append(f"pod {p.metadata.name}: {e.code().name} {e.details()}")
+        for parent in self.parents:
+            left = self.containerd.remove_pod_cgroup(parent)
+            problems += [f"cgroup left: {d}" for d in left]
+        self.parents = []
+        return problems
 
     # ---------------------------------------------------------------- pods
     def pod_template(self, name: str, millicpu: int = 500) -> Tuple[bytes, bytes, str]:
@@ -158,3 +200,32 @@ def _read(path: str) -> Optional[str]:
             return f.read().strip()
     except OSError:
         return None
+
+
+def stream_report(records: List[Dict[str, Any]], stream: str = "events", reference: str = "direct",
+                  margin: float = 0.2) -> Dict[str, Any]:
+    """How the event stream ``stream`` (through the proxy) did beside ``reference`` (the
+    same subscription on containerd's own socket), from GoLoad's records: how many times it
+    was opened, and the events the reference received while the proxied stream had been
+    open for over ``margin`` seconds (and was not about to close) that it never got:
+    ``lost`` must be empty."""
+    end = max((r["t"] for r in records if "t" in r), default=0.0)
+    spans = []
+    opened: Optional[float] = None
+    for r in records:
+        if r.get("stream") != stream:
+            continue
+        if r["kind"] == "open":
+            opened = r["t"]
+        elif r["kind"] == "closed" and opened is not None:
+            spans.append((opened, r["t"]))
+            opened = None
+    if opened is not None:
+        spans.append((opened, end))
+    got = {r["key"] for r in records if r["kind"] == "event" and r.get("stream") == stream}
+    lost = [r for r in records if r["kind"] == "event" and r.get("stream") == reference and r["key"] not in got
+            and any(a + margin < r["t"] < b - margin for a, b in spans)]
+    return {"opens": sum(1 for r in records if r["kind"] == "open" and r.get("stream") == stream),
+            "events": len(got),
+            "reference_events": sum(1 for r in records if r["kind"] == "event" and r.get("stream") == reference),
+            "lost": lost}

@@ -9,7 +9,7 @@ start: ``systemctl restart``), after ``kill -9`` (``Restart=always``, ``RestartS
 from another tree (an upgrade: :func:`export_tree` makes one from a git commit).
 
 ``LISTEN_PID`` must be the daemon's own pid, known only after the fork: the daemon is
-started through ``/bin/sh -c 'exec 3<&N; LISTEN_PID=$$ exec "$@"'`` (``exec`` keeps the
+started through ``bash -c 'exec 3<&N N<&-; LISTEN_PID=$$ exec "$@"'`` (``exec`` keeps the
 shell's pid). Debian's ``systemd-socket-activate`` does not fit: it execs the command in
 its own place on the first connection and the socket dies with it, so there is nothing to
 restart into.
@@ -38,8 +38,9 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 _UCRED = struct.Struct("3i")
-_WRAPPER = 'exec 3<&"$ANOLISNUMA_SUPERVISED_FD" {fd}<&-; unset ANOLISNUMA_SUPERVISED_FD; LISTEN_PID=$$; ' \
-           'export LISTEN_PID; exec "$@"'
+BASH = "/bin/bash"
+# bash, not sh: dash takes only one-digit descriptors in redirections.
+_WRAPPER = 'exec 3<&{fd} {fd}<&-; LISTEN_PID=$$; export LISTEN_PID; exec "$@"'
 
 
 class SupervisorError(RuntimeError):
@@ -131,14 +132,13 @@ class SocketSupervisor:
             self.cwd = cwd
         assert self.sock is not None
         fd = self.sock.fileno()
-        child_env = dict(self.env, LISTEN_FDS="1", NOTIFY_SOCKET=self._notify_path,
-                         ANOLISNUMA_SUPERVISED_FD=str(fd))
+        child_env = dict(self.env, LISTEN_FDS="1", NOTIFY_SOCKET=self._notify_path)
         for k in ("LISTEN_PID", "LISTEN_FDNAMES"):
             child_env.pop(k, None)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            wrapper = _WRAPPER.format(fd=fd) if fd != 3 else _WRAPPER.replace(" {fd}<&-", "")
-            self.proc = subprocess.Popen(["/bin/sh", "-c", wrapper, "sh", *self.argv], env=child_env, cwd=self.cwd,
+            wrapper = _WRAPPER.format(fd=fd) if fd != 3 else _WRAPPER[_WRAPPER.index(";") + 2:]
+            self.proc = subprocess.Popen([BASH, "-c", wrapper, "bash", *self.argv], env=child_env, cwd=self.cwd,
                                          pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=out, stderr=out)
         finally:
             if out is not subprocess.DEVNULL:

@@ -18,6 +18,7 @@
 //	{"kind":"create","pod":0,"start":...,"end":...,"code":0,"container_id":"..."}
 //	{"kind":"open","stream":"events","t":...}  {"kind":"closed","stream":"events","t":...,"code":14,"msg":"..."}
 //	{"kind":"event","stream":"events","t":...,"key":"<sha1 of the message>"}
+//	{"kind":"call","method":"...","code":0,"t":...,"ms":...}   (every call, with "trace": true)
 //	{"kind":"summary","ok":{"/runtime.v1.RuntimeService/Version":120,...},"failed":{...}}
 //
 // Every lifecycle removes what it made, also when a step failed (so a run ends clean).
@@ -56,15 +57,16 @@ type streamSpec struct {
 }
 
 type loadSpec struct {
-	Socket         string        `json:"socket"`
-	DeadlineMs     int           `json:"deadline_ms"`
-	PollMs         int           `json:"poll_interval_ms"`
-	ListMs         int           `json:"list_interval_ms"`
-	PauseMs        int           `json:"lifecycle_pause_ms"`
-	StopTimeoutS   int64         `json:"stop_timeout_s"`
-	ReopenMs       int           `json:"reopen_ms"`
-	Pods           []podTemplate `json:"pods"`
-	Streams        []streamSpec  `json:"streams"`
+	Socket       string        `json:"socket"`
+	DeadlineMs   int           `json:"deadline_ms"`
+	PollMs       int           `json:"poll_interval_ms"`
+	ListMs       int           `json:"list_interval_ms"`
+	PauseMs      int           `json:"lifecycle_pause_ms"`
+	StopTimeoutS int64         `json:"stop_timeout_s"`
+	ReopenMs     int           `json:"reopen_ms"`
+	Trace        bool          `json:"trace"` // one "call" line for every call, not only failed ones
+	Pods         []podTemplate `json:"pods"`
+	Streams      []streamSpec  `json:"streams"`
 }
 
 type loader struct {
@@ -115,6 +117,10 @@ func (l *loader) call(method string, body []byte) ([]byte, uint32) {
 		l.failed[method]++
 	}
 	l.out.Unlock()
+	if l.spec.Trace {
+		l.emit(map[string]interface{}{"kind": "call", "method": method, "code": uint32(st.Code()),
+			"t": float64(start.UnixNano()) / 1e9, "ms": float64(time.Since(start).Nanoseconds()) / 1e6})
+	}
 	if err != nil {
 		l.emit(map[string]interface{}{"kind": "fail", "method": method, "code": uint32(st.Code()),
 			"msg": st.Message(), "t": float64(start.UnixNano()) / 1e9,
