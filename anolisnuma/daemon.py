@@ -103,7 +103,7 @@ class Daemon:
                            budget_total=config.server.buffer_bytes_total,
                            max_connections=config.server.max_connections,
                            handshake_timeout=config.server.handshake_timeout_seconds)
-        self.listener = UnixListener(config.server.listen, config.server.socket_mode)
+        self.listener = UnixListener(config.server.listen, config.server.socket_mode, activation=True)
         self.admin = AdminSurface(self)   # admin socket and metrics endpoint (anolisnuma/admin)
         self._stop: Optional[asyncio.Event] = None
         self._reloading: Optional[asyncio.Lock] = None   # made by run()
@@ -219,7 +219,8 @@ class Daemon:
                     self.interceptor.recent.set_enabled(interval > 0)
                     resync.wake()   # the loop is waiting with the old interval
         log.info("configuration reloaded", config=cfg.source, applied=plan.live or None,
-                 needs_restart=plan.restart or None)
+                 needs_restart=plan.restart or None,
+                 how_to_restart=reload_plan.restart_hint(plan, self.listener.inherited) or None)
         return plan
 
     def _on_sighup(self) -> None:

@@ -36,8 +36,11 @@ class ListenerError(Exception):
 
 
 class UnixListener:
-    def __init__(self, path: str, mode: int = 0o660, backlog: int = 1024) -> None:
+    def __init__(self, path: str, mode: int = 0o660, backlog: int = 1024, activation: bool = False) -> None:
+        """``activation``: take the socket systemd passes (LISTEN_FDS) when there is one
+        (the kubelet's socket only; the admin socket always binds its own)."""
         self.path = path
+        self.activation = activation
         self.mode = mode
         self.backlog = backlog
         self.sock: Optional[socket.socket] = None
@@ -48,12 +51,13 @@ class UnixListener:
     def open(self) -> socket.socket:
         """Take over the socket systemd passed, else bind and listen; raises ListenerError
         with a message an operator can act on."""
-        try:
-            passed = activation.take_listen_fds()
-        except activation.ActivationError as e:
-            raise ListenerError(str(e)) from e
-        if passed is not None:
-            return self._adopt(passed)
+        if self.activation:
+            try:
+                passed = activation.take_listen_fds()
+            except activation.ActivationError as e:
+                raise ListenerError(str(e)) from e
+            if passed is not None:
+                return self._adopt(passed)
         directory = os.path.dirname(self.path) or "."
         try:
             os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -159,7 +163,9 @@ class UnixListener:
             raise ListenerError(f"cannot tell whether {self.path} is in use: {e.strerror}") from e
         finally:
             probe.close()
-        raise ListenerError(f"another process is listening on {self.path}")
+        hint = (" (systemd's anolisnuma.socket? then start anolisnuma.service, which takes that socket over)"
+                if self.activation else "")
+        raise ListenerError(f"another process is listening on {self.path}{hint}")
 
     def close(self) -> None:
         """Stop listening and remove the socket file (only if it is still the one we bound:
