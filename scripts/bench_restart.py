@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,7 @@ from anolisnuma.testing.socket_supervisor import export_tree  # noqa: E402
 BASE_PREFIX = "/tmp/anolisnuma-bench-restart-"
 RUN_PREFIX = "/run/anolisnuma-bench-restart-"
 KINDS = ("restart", "reload", "upgrade", "kill -9")
-TEARDOWN = ("/StopContainer", "/RemoveContainer", "/StopPodSandbox", "/RemovePodSandbox")
+_HEX = re.compile(r"[0-9a-f]{12,}")
 
 
 def machine() -> str:
@@ -152,7 +153,8 @@ def summarize(result: Dict[str, Any]) -> Dict[str, Any]:
             "failed": len(owner[kind]),
             "cut_unavailable": len(cut),
             "follow_on": len(after),
-            "follow_on_kinds": sorted({f'{r["method"].rsplit("/", 1)[1]}: {r["msg"][:60]}' for r in after}),
+            "follow_on_kinds": sorted({f'{r["method"].rsplit("/", 1)[1]}: {_HEX.sub("<id>", r["msg"])[:120]}'
+                                       for r in after}),
             "event_ms_mean": round(1000 * sum(t1 - t0 for t0, t1 in mine) / len(mine), 1),
             "event_ms_max": round(1000 * max(t1 - t0 for t0, t1 in mine), 1),
             "slowest_call_ms": round(max((r["ms"] for r in during), default=0.0), 1),
