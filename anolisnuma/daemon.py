@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any, List, Optional, Set
+import sys
+import time
+from typing import Any, Dict, List, Optional, Set
 
 import structlog
 
@@ -122,7 +124,7 @@ class Daemon:
                            budget_total=config.server.buffer_bytes_total,
                            max_connections=config.server.max_connections,
                            handshake_timeout=config.server.handshake_timeout_seconds)
-        self.listener = UnixListener(config.server.listen, config.server.socket_mode)
+        self.listener = UnixListener(config.server.listen, config.server.socket_mode, activation=True)
         self.admin = AdminSurface(self)   # admin socket and metrics endpoint (anolisnuma/admin)
         self._stop: Optional[asyncio.Event] = None
         self._reloading: Optional[asyncio.Lock] = None   # made by run()
@@ -144,13 +146,18 @@ class Daemon:
         self._stop = asyncio.Event()
         self._reloading = asyncio.Lock()   # made here: on 3.9 a lock binds to the loop current when made
         sock = self.listener.open()
-        # asyncio listens again on the socket it is given, with a backlog of 100 unless told.
-        server = await loop.create_unix_server(self.relay.protocol, sock=sock, backlog=self.listener.backlog)
+        # asyncio listens again on the socket it is given, with a backlog of 100 unless told;
+        # from 3.13 it would also unlink the path at close, which is the listener's to do
+        # (and never for systemd's socket).
+        extra = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
+        server = await loop.create_unix_server(self.relay.protocol, sock=sock, backlog=self.listener.backlog,
+                                               **extra)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         loop.add_signal_handler(signal.SIGUSR1, logsetup.reopen)
-        log.info("anolisnuma listening", version=__version__, listen=self.config.server.listen,
+        log.info("anolisnuma listening", version=__version__, listen=self.listener.path,
+                 socket_activation=self.listener.inherited or None,
                  runtime=self.config.runtime.endpoint, config=self.config.source)
         if self.config.server.socket_mode & 0o007:
             log.warning("server.socket_mode lets every local user in: through this socket they reach "
@@ -233,7 +240,8 @@ class Daemon:
                     self.interceptor.recent.set_enabled(interval > 0)
                     resync.wake()   # the loop is waiting with the old interval
         log.info("configuration reloaded", config=cfg.source, applied=plan.live or None,
-                 needs_restart=plan.restart or None)
+                 needs_restart=plan.restart or None,
+                 how_to_restart=reload_plan.restart_hint(plan, self.listener.inherited) or None)
         return plan
 
     def _on_sighup(self) -> None:
@@ -304,12 +312,29 @@ class Daemon:
         log.info("background loop started", controller=controller.name, interval_seconds=controller.interval)
 
     async def _shutdown(self, server: asyncio.AbstractServer) -> None:
+        """Stop accepting at once (under socket activation new connections then wait in
+        systemd's backlog for the next process), say goodbye on every kubelet connection
+        (GOAWAY: the kubelet's next call opens a new one), let the calls in flight finish
+        within ``server.shutdown_grace_seconds``, then their post-hooks and state records,
+        and flush the state."""
         grace = self.config.server.shutdown_grace_seconds
-        log.info("shutting down: no new connections, waiting for calls in flight", grace_seconds=grace)
-        await self.admin.close()
+        deadline = time.monotonic() + grace
         server.close()
-        self.listener.close()
-        left = await self.relay.drain(grace)
+        self.listener.close()   # systemd's socket: our descriptor only
+        log.info("shutting down: no new connections taken, GOAWAY sent, waiting for calls in flight",
+                 grace_seconds=grace,
+                 new_connections="wait in systemd's backlog" if self.listener.inherited else "refused")
+        await self.admin.close()
+        started = time.monotonic()
+        cut = await self.relay.drain(max(0.0, deadline - time.monotonic()))
+        drained_ms = round((time.monotonic() - started) * 1000, 1)
+        if cut:
+            log.warning("shutdown grace over: calls still in flight were cut (the kubelet retries them)",
+                        grace_seconds=grace, calls_cut=len(cut), methods=_count(cut))
+        # Post-hooks of the calls that finished run within their hook budgets; not cut by the grace.
+        after = await self.interceptor.settle(max(deadline - time.monotonic(), self._post_budget()))
+        if after:
+            log.warning("post-hooks still running at shutdown were left", post_hooks_left=after)
         self.interceptor.aborts.flush()  # the counts of calls cut short, not left unsaid
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_task.cancel()
@@ -322,5 +347,16 @@ class Daemon:
         self.store.close()
         self.executor.shutdown(wait=False)
         self.reload_pool.shutdown(wait=False)
-        log.info("anolisnuma stopped", connections_with_calls_cut=left,
-                 counters=self.interceptor.counters.snapshot())
+        log.info("anolisnuma stopped", calls_cut=len(cut), drained_in_ms=drained_ms, counters=self.interceptor.counters.snapshot())
+
+    def _post_budget(self) -> float:
+        """The longest a post-hook may take (its budget), for the wait at shutdown."""
+        return max([self.config.hooks.settings(h.name).budget_seconds for h in self.hooks] or [0.0])
+
+
+def _count(methods: List[str]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for m in methods:
+        name = m.rsplit("/", 1)[-1] or "(no path)"
+        out[name] = out.get(name, 0) + 1
+    return out

@@ -3,7 +3,8 @@
 Keys are compared as dotted names. Those below :data:`LIVE_KEYS` take effect at once;
 every other change (the socket, containerd's endpoint, host paths, the QoS and NUMA
 policies, whose state was built from the old values) is reported as needing a restart and
-keeps its running value until then.
+keeps its running value until then; :func:`restart_hint` says how to restart without a
+disturbance.
 """
 
 from __future__ import annotations
@@ -57,3 +58,24 @@ def plan(old: Config, new: Config) -> ReloadPlan:
 
 
 _ABSENT = object()
+
+# Keys systemd's socket unit holds when the socket is passed in (socket activation).
+SOCKET_UNIT_KEYS = ("server.listen", "server.socket_mode")
+
+
+def restart_hint(plan: ReloadPlan, socket_activated: bool) -> str:
+    """How to apply ``plan.restart`` without a failed kubelet call ("" when nothing needs it)."""
+    if not plan.restart:
+        return ""
+    socket_keys = [k for k in plan.restart if k in SOCKET_UNIT_KEYS]
+    if socket_activated and socket_keys:
+        return (f"{', '.join(socket_keys)}: the socket is anolisnuma.socket's; change ListenStream=/SocketMode= "
+                f"there as well, then `systemctl daemon-reload && systemctl restart anolisnuma.socket "
+                f"anolisnuma.service` (restarting the socket drops the connections waiting in it: do it "
+                f"while the kubelet is stopped)")
+    if socket_activated:
+        return ("`systemctl restart anolisnuma.service`: calls in flight finish, the kubelet's new "
+                "connections wait in anolisnuma.socket's backlog for the new process; no call fails")
+    return ("restart anolisnuma (`systemctl restart anolisnuma.service`); started without anolisnuma.socket, "
+            "the kubelet's calls fail UNAVAILABLE until the new process listens: enable the socket unit "
+            "for restarts without a disturbance")

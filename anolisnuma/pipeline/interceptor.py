@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -107,6 +107,7 @@ class Interceptor:
         self._ready = hooks is not None
         self._unavailable = ""        # why the hooks will never be ready
         self._waiting: List["asyncio.Future[None]"] = []
+        self._after_reply: Set["asyncio.Future[Any]"] = set()   # post-hooks, releases (settle)
         if hooks is not None:
             self.set_hooks(hooks)
         self._skip_keys = tuple(config.skip_keys)
@@ -251,7 +252,7 @@ class Interceptor:
             self._journal(pc, call, status_name, latency_ms, source)
         post = self._post[pc.method] if call is not None and reply is not None and not pc.skip_hooks else []
         if post:
-            asyncio.ensure_future(self._run_post(pc, post))
+            self._track(asyncio.ensure_future(self._run_post(pc, post)))
         else:
             self._tell_gone(pc)
 
@@ -313,6 +314,23 @@ class Interceptor:
             log.warning("cannot release a removed pod's state now; the resync will", error=repr(e))
             return
         fut.add_done_callback(_log_failed_release)
+        self._track(fut)
+
+    def _track(self, fut: "asyncio.Future[Any]") -> None:
+        """Keep the post-hooks and releases of replied calls until they are done, so that a
+        shutdown waits for them (:meth:`settle`)."""
+        self._after_reply.add(fut)
+        fut.add_done_callback(self._after_reply.discard)
+
+    async def settle(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the post-hooks and releases of the calls
+        replied so far (the daemon's shutdown, once the calls are drained); returns how
+        many were still running."""
+        await asyncio.sleep(0)   # replies of the last loop pass schedule theirs now
+        pending = set(self._after_reply)
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+        return sum(1 for f in pending if not f.done())
 
     async def _run_hook(self, pc: PipelineCall, hook: H.Hook, stage: str, call: H.Call) -> Optional[BaseException]:
         """Run one hook stage within its budget; the error it raised (or a timeout), else None.

@@ -11,6 +11,13 @@ records decode. Anything else (torn, hand-edited, a FIFO or a directory put ther
 aside (``<name>.corrupt-<time>``) with one error line saying what is wrong, and the caller
 starts empty: the start-up resync rebuilds everything from containerd. The daemon must
 start whatever it finds, or the kubelet has no runtime.
+
+One exception: a file of a NEWER format version than this build reads was written by a
+newer anolisnuma (a downgrade, or an upgrade rolled back). It is not corrupt, and moving it
+aside would lose what the newer version knows: :class:`StateFormatTooNew` is raised, the
+file stays as it is, and the caller does without it (the daemon keeps that state in
+memory, a hook that owns it stays off) until the operator reinstalls the newer version or
+moves the file away.
 """
 
 from __future__ import annotations
@@ -66,14 +73,31 @@ def atomic_write_bytes(path: str, data: bytes, mode: int = 0o600) -> None:
         os.close(dfd)
 
 
+class StateFormatTooNew(Exception):
+    """A state file of a newer format version than this build reads; left untouched."""
+
+    def __init__(self, path: str, found: int, known: int) -> None:
+        super().__init__(f"{path} has state format version {found}, newer than the version {known} this "
+                         f"anolisnuma reads: a newer anolisnuma wrote it. It is left untouched; reinstall "
+                         f"the newer anolisnuma, or move the file away to start this state afresh "
+                         f"(rebuilt from containerd)")
+        self.path = path
+        self.found = found
+        self.known = known
+
+
 def load_json_state(path: str, version: int, decode: Callable[[Dict[str, Any]], T]) -> Optional[T]:
     """``decode(content)`` of the JSON object in ``path`` whose ``"version"`` is ``version``;
     ``decode`` raises ValueError or TypeError saying what is wrong. None when there is no
-    file, or when it was unusable: then it is moved aside with one error line."""
+    file, or when it was unusable: then it is moved aside with one error line. Raises
+    StateFormatTooNew, touching nothing, when its version is newer than ``version``."""
     try:
         data = json.loads(read_regular_file(path, STATE_MAX_BYTES, follow_symlinks=False))
-        if not isinstance(data, dict) or data.get("version") != version:
-            found = data.get("version") if isinstance(data, dict) else None
+        found = data.get("version") if isinstance(data, dict) else None
+        exact = type(found) is int   # (not a bool: True == 1)
+        if exact and found > version:
+            raise StateFormatTooNew(path, found, version)
+        if not exact or found != version:
             raise ValueError(f"not a format version {version} state file (version {found!r})")
         return decode(data)
     except FileNotFoundError:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import structlog
 
 from anolisnuma.controller import Controller
-from anolisnuma.state.persist import atomic_write_bytes, load_json_state
+from anolisnuma.state.persist import StateFormatTooNew, atomic_write_bytes, load_json_state
 from anolisnuma.state.records import ContainerRecord, PodRecord, decode_list
 
 log = structlog.get_logger("anolisnuma.state")
@@ -108,7 +108,15 @@ class Store:
         with a log line: the store starts empty and the start-up resync fills it)."""
         if not self._path:
             return False
-        loaded = load_json_state(self._path, FORMAT_VERSION, _decode)
+        try:
+            loaded = load_json_state(self._path, FORMAT_VERSION, _decode)
+        except StateFormatTooNew as e:
+            # Written by a newer anolisnuma: never overwritten by this one, which keeps its
+            # records in memory (the start-up resync fills them from containerd).
+            log.error("state file of a newer anolisnuma; not read and never written by this one: "
+                      "pod records are kept in memory only", path=self._path, error=str(e))
+            self._path = None
+            return False
         if loaded is None:
             return False
         pods, containers = loaded

@@ -38,7 +38,8 @@ import tempfile
 from typing import Any, Dict, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MAIN_GO = os.path.join(REPO_ROOT, "tests", "tools", "gocri", "main.go")
+GOCRI_DIR = os.path.join(REPO_ROOT, "tests", "tools", "gocri")
+MAIN_GO = os.path.join(GOCRI_DIR, "main.go")
 GOCODE = "/usr/share/gocode"  # where Debian's golang-*-dev packages put Go source
 GRPC_SRC = os.path.join(GOCODE, "src", "google.golang.org", "grpc")
 BUILD_TIMEOUT = 600.0
@@ -89,10 +90,15 @@ def _read(path: str) -> bytes:
 def _build_key(go: str) -> str:
     """What the binary depends on: our source, the Go release, the grpc-go release."""
     h = hashlib.sha256()
-    for part in (_read(MAIN_GO), go.encode(), _read(os.path.join(os.path.dirname(os.path.dirname(go)), "VERSION")),
+    for part in (*(_read(f) for f in _sources()), go.encode(), _read(os.path.join(os.path.dirname(os.path.dirname(go)), "VERSION")),
                  _read(os.path.join(GRPC_SRC, "version.go"))):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:16]
+
+
+def _sources() -> List[str]:
+    """The Go files of gocri (main.go and the load mode's load.go), in a stable order."""
+    return sorted(os.path.join(GOCRI_DIR, n) for n in os.listdir(GOCRI_DIR) if n.endswith(".go"))
 
 
 def _go_env(cache: str, go: str) -> Dict[str, str]:
@@ -130,7 +136,7 @@ def build_gocri(force: bool = False) -> str:
         if not force and os.access(binary, os.X_OK):
             return binary
         tmp = binary + f".tmp{os.getpid()}"
-        cmd = [go, "build", "-trimpath", "-o", tmp, MAIN_GO]
+        cmd = [go, "build", "-trimpath", "-o", tmp, *_sources()]
         try:
             proc = subprocess.run(cmd, env=_go_env(cache, go), cwd=cache, capture_output=True, text=True,
                                   timeout=BUILD_TIMEOUT)
@@ -189,9 +195,73 @@ def run_gocri(socket_path: str, method: str, bodies: Sequence[bytes], deadline_s
     return results
 
 
+class GoLoad:
+    """``gocri -load``: a grpc-go client doing what a kubelet does on ``socket`` (polls,
+    relists, pod lifecycles, event streams re-opened on error; see load.go) until
+    :meth:`stop`. Its JSON lines are kept in a file and parsed by :meth:`stop`.
+
+        load = GoLoad(proxy_socket, pods=[(sandbox_config_bytes, container_config_bytes)],
+                      streams=[("events", "/runtime.v1.RuntimeService/GetContainerEvents", b"", "")])
+        load.start(); ...; records = load.stop()
+        failures = [r for r in records if r["kind"] == "fail"]
+    """
+
+    def __init__(self, socket_path: str, *, pods: Sequence[Any] = (), streams: Sequence[Any] = (),
+                 poll_interval_ms: int = 100, list_interval_ms: int = 1000, deadline_ms: int = 120000,
+                 lifecycle_pause_ms: int = 0, stop_timeout_s: int = 2, reopen_ms: int = 100,
+                 trace: bool = False, binary: Optional[str] = None) -> None:
+        self.spec = {
+            "socket": socket_path, "poll_interval_ms": poll_interval_ms, "list_interval_ms": list_interval_ms,
+            "deadline_ms": deadline_ms, "lifecycle_pause_ms": lifecycle_pause_ms,
+            "stop_timeout_s": stop_timeout_s, "reopen_ms": reopen_ms, "trace": trace,
+            "pods": [{"sandbox_config": base64.b64encode(bytes(sb)).decode(),
+                      "container_config": base64.b64encode(bytes(ct)).decode()} for sb, ct in pods],
+            "streams": [{"name": n, "method": m, "body": base64.b64encode(bytes(b)).decode(), "socket": sock}
+                        for n, m, b, sock in streams],
+        }
+        self.binary = binary
+        self.proc: Optional[subprocess.Popen] = None
+        self._dir = tempfile.mkdtemp(prefix="gocri-load-")
+        self.out_path = os.path.join(self._dir, "out.jsonl")
+
+    def start(self) -> "GoLoad":
+        binary = self.binary or build_gocri()
+        spec = os.path.join(self._dir, "spec.json")
+        with open(spec, "w") as f:
+            json.dump(self.spec, f)
+        with open(self.out_path, "wb") as out, open(os.path.join(self._dir, "err.txt"), "wb") as err:
+            self.proc = subprocess.Popen([binary, "-load", spec], stdin=subprocess.PIPE, stdout=out, stderr=err)
+        return self
+
+    def records(self) -> List[Dict[str, Any]]:
+        """The lines written so far (a partial last line is left for later)."""
+        with open(self.out_path, "rb") as f:
+            data = f.read()
+        return [json.loads(line) for line in data.split(b"\n")[:-1] if line.strip()]
+
+    def stop(self, timeout: float = 180.0) -> List[Dict[str, Any]]:
+        """Close its stdin (it finishes the calls it has begun), wait, return its records."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"gocri -load did not stop within {timeout:.0f}s")
+        records = self.records()
+        err = _read(os.path.join(self._dir, "err.txt")).decode("utf-8", "replace")
+        shutil.rmtree(self._dir, ignore_errors=True)
+        if proc is not None and proc.returncode != 0:
+            raise RuntimeError(f"gocri -load exited {proc.returncode}: {err.strip()[-2000:]}")
+        return records
+
+
 def clean_cache() -> None:
     """Remove the cached binaries and Go build cache."""
     shutil.rmtree(cache_dir(), ignore_errors=True)
 
 
-__all__ = ["build_gocri", "run_gocri", "find_go", "cache_dir", "clean_cache"]
+__all__ = ["build_gocri", "run_gocri", "GoLoad", "find_go", "cache_dir", "clean_cache"]

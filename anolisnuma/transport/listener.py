@@ -7,6 +7,12 @@
 - a socket file nobody answers on is stale (left by a crash or ``kill -9``) and removed;
   one a live process answers on means another instance: refuse to start;
 - the socket mode is set before anyone can connect (bind under a restrictive umask).
+
+Under ``anolisnuma.socket`` the socket is systemd's (socket activation, see
+:mod:`~anolisnuma.transport.activation`): it is taken over, never bound, probed as stale
+or unlinked, and closing it only closes this process's descriptor, so that connections
+made while the daemon restarts wait in the backlog systemd keeps. The lock file still
+keeps a second instance started by hand away.
 """
 
 from __future__ import annotations
@@ -18,22 +24,40 @@ import socket
 import stat
 from typing import Optional
 
+import structlog
+
+from anolisnuma.transport import activation
+
+log = structlog.get_logger("anolisnuma.transport")
+
 
 class ListenerError(Exception):
     pass
 
 
 class UnixListener:
-    def __init__(self, path: str, mode: int = 0o660, backlog: int = 1024) -> None:
+    def __init__(self, path: str, mode: int = 0o660, backlog: int = 1024, activation: bool = False) -> None:
+        """``activation``: take the socket systemd passes (LISTEN_FDS) when there is one
+        (the kubelet's socket only; the admin socket always binds its own)."""
         self.path = path
+        self.activation = activation
         self.mode = mode
         self.backlog = backlog
         self.sock: Optional[socket.socket] = None
         self._inode: Optional[int] = None
         self._lock_fd: Optional[int] = None
+        self.inherited = False   # the socket is systemd's (socket activation)
 
     def open(self) -> socket.socket:
-        """Bind and listen; raises ListenerError with a message an operator can act on."""
+        """Take over the socket systemd passed, else bind and listen; raises ListenerError
+        with a message an operator can act on."""
+        if self.activation:
+            try:
+                passed = activation.take_listen_fds()
+            except activation.ActivationError as e:
+                raise ListenerError(str(e)) from e
+            if passed is not None:
+                return self._adopt(passed)
         directory = os.path.dirname(self.path) or "."
         try:
             os.makedirs(directory, mode=0o755, exist_ok=True)
@@ -56,6 +80,28 @@ class UnixListener:
         sock.setblocking(False)
         self.sock = sock
         return sock
+
+    def _adopt(self, passed: activation.Inherited) -> socket.socket:
+        if os.path.realpath(passed.path) != os.path.realpath(self.path):
+            log.warning("the socket systemd passed is not at server.listen; systemd's socket is used (the "
+                        "kubelet connects where anolisnuma.socket's ListenStream= points): make them agree",
+                        systemd_socket=passed.path, server_listen=self.path)
+            self.path = passed.path
+        for what in passed.ignored:
+            log.warning("descriptor passed by systemd not used", descriptor=what)
+        try:
+            self._take_lock()
+        except BaseException:
+            passed.sock.close()
+            raise
+        # asyncio listens again with this backlog: keep the one systemd's Backlog= asked for
+        # (the kernel caps both at net.core.somaxconn).
+        self.backlog = max(self.backlog, _somaxconn())
+        passed.sock.setblocking(False)
+        self.inherited = True
+        self.sock = passed.sock
+        log.info("listening on the socket passed by systemd (socket activation)", listen=self.path)
+        return passed.sock
 
     def _take_lock(self) -> None:
         """Lock ``<socket>.lock`` and write our pid into it.
@@ -117,11 +163,15 @@ class UnixListener:
             raise ListenerError(f"cannot tell whether {self.path} is in use: {e.strerror}") from e
         finally:
             probe.close()
-        raise ListenerError(f"another process is listening on {self.path}")
+        hint = (" (systemd's anolisnuma.socket? then start anolisnuma.service, which takes that socket over)"
+                if self.activation else "")
+        raise ListenerError(f"another process is listening on {self.path}{hint}")
 
     def close(self) -> None:
         """Stop listening and remove the socket file (only if it is still the one we bound:
-        a newer instance may already have replaced it)."""
+        a newer instance may already have replaced it). systemd's socket is only closed
+        here: it listens on in systemd, whose backlog keeps new connections for the next
+        process."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -135,6 +185,14 @@ class UnixListener:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _somaxconn() -> int:
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 4096
 
 
 def _not_a_lock_file(lock_path: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import structlog
 
@@ -29,6 +29,9 @@ MIB = 1 << 20
 # back to the kernel (a second later, so that a busy stretch trims once, not per call).
 TRIM_AFTER_PEAK_BYTES = 4 * MIB
 TRIM_DELAY_SECONDS = 1.0
+# At shutdown, how long a connection without the client's HTTP/2 preface is waited for (a
+# kubelet sends it as it connects).
+PREFACE_WAIT_SECONDS = 1.0
 
 
 class Relay:
@@ -142,20 +145,38 @@ class Relay:
         up.resume_reading()
         splice.upstream_connected(up)  # type: ignore[arg-type]
 
-    async def drain(self, grace: float) -> int:
-        """Announce shutdown on every connection and wait up to ``grace`` seconds for
-        in-flight calls; returns how many connections still had calls open."""
+    async def drain(self, grace: float) -> List[str]:
+        """The graceful goodbye on every kubelet connection (Splice.announce_shutdown), then
+        up to ``grace`` seconds for the calls in flight; returns the methods of the calls
+        still open then, which closing the connections cuts. A connection whose client
+        never sent the HTTP/2 preface is not waited for past PREFACE_WAIT_SECONDS: it
+        carries no call."""
         for s in list(self.splices):
             s.announce_shutdown()
-        busy = [s for s in self.splices if s.busy]
-        if busy:
-            await asyncio.wait([asyncio.ensure_future(s.wait_idle()) for s in busy], timeout=grace)
-        left = sum(1 for s in self.splices if s.busy)
+        waits = [asyncio.ensure_future(self._drained(s)) for s in self.splices if not s.drained]
+        if waits:
+            _, pending = await asyncio.wait(waits, timeout=grace)
+            for task in pending:
+                task.cancel()
+        cut = [m for s in self.splices for m in s.open_methods()]
+        watches = sum(s.open_watches() for s in self.splices)
+        if watches:
+            log.info("event watches end with their connections; the client opens them again", watches=watches)
         for s in list(self.splices):
             s.close("proxy shutting down")
         for summary in (self._unreachable, self._faults, self._over_cap, self._silent):
             summary.flush()
-        return left
+        return cut
+
+    @staticmethod
+    async def _drained(splice: Splice) -> None:
+        if not splice.greeted:
+            try:
+                await asyncio.wait_for(splice.wait_drained(), PREFACE_WAIT_SECONDS)
+            except asyncio.TimeoutError:
+                if not splice.greeted:
+                    return
+        await splice.wait_drained()
 
 
 class _Accepted(asyncio.Protocol):

@@ -73,6 +73,15 @@ MAX_REFUSED_REMEMBERED = 4096
 # After the relay closes a kubelet connection, how long the kubelet may take to read what
 # was written (a GOAWAY, last replies) before the connection is aborted.
 CLOSE_LINGER_SECONDS = 2.0
+# The graceful goodbye at shutdown: the PING sent after the first GOAWAY, and how long its
+# ACK is waited for before the second GOAWAY goes anyway.
+DRAIN_PING = b"anolisnm"
+DRAIN_PING_TIMEOUT_SECONDS = 1.0
+MAX_STREAM_ID = (1 << 31) - 1
+# Streams that never end by themselves (event watches): a shutdown does not wait for them;
+# they end when the connection closes, after the other calls, and the client opens them
+# again on its new connection (the kubelet does, and relists).
+WATCH_PATH_ENDS = ("/GetContainerEvents", "/containerd.services.events.v1.Events/Subscribe")
 
 _conn_ids = itertools.count(1)
 
@@ -171,9 +180,12 @@ class Splice:
         self.k2c_hpack = HeaderBlockDecoder()
         self.c2k_hpack = HeaderBlockDecoder()
         self.streams: Dict[int, _Stream] = {}
-        self.open_streams: Set[int] = set()
+        self.open_streams: Dict[int, str] = {}   # stream id -> method path, until it ends
         self.max_sid = 0
         self.goaway_sid: Optional[int] = None   # set when we told the kubelet to go away
+        self.draining = False                   # shutdown: the goodbye is wanted (see announce_shutdown)
+        self.goodbye = 0                        # 1: first GOAWAY and PING sent; 2: last GOAWAY sent
+        self.settled = False                    # containerd's SETTINGS reached the kubelet
         self.refused: "OrderedDict[int, None]" = OrderedDict()  # whose DATA we drop
         self.silenced: "OrderedDict[int, None]" = OrderedDict()  # answered by us: containerd's frames dropped
         # containerd's side of flow control, as we follow it
@@ -372,6 +384,8 @@ class Splice:
                 data = bytes(r.buf[len(h2.PREFACE):])
                 r.buf.clear()
                 r.need_preface = False
+                if self.draining:
+                    self._first_goaway(flush=False)
             self._pump(data, *self._k2c_pump)
         except ConnectionFault as e:
             self.fail(e.code, str(e))
@@ -393,7 +407,8 @@ class Splice:
                 return WHOLE
             if ftype == h2.HEADERS or ftype == h2.CONTINUATION:
                 return FOLD
-            if ftype == h2.WINDOW_UPDATE or ftype == h2.PING or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK):
+            if ftype == h2.WINDOW_UPDATE or (ftype == h2.PING and not self.draining) \
+                    or (ftype == h2.SETTINGS and flags & h2.FLAG_ACK):
                 return PASS
             return WHOLE
         self.down_window -= length
@@ -425,6 +440,9 @@ class Splice:
         if ftype == h2.DATA:
             self._k2c_data(flags, sid, payload, raw)
             return
+        if ftype == h2.PING and flags & h2.FLAG_ACK and payload == DRAIN_PING:
+            self._last_goaway(flush=False)   # the ACK of our goodbye PING: not containerd's
+            return
         if ftype in (h2.WINDOW_UPDATE, h2.PING, h2.GOAWAY):
             self._send_up(raw, ordered=False)
             return
@@ -450,7 +468,7 @@ class Splice:
             if headers is not None:
                 self._request_headers(self.k2c.header_sid, headers, self.k2c.header_end_stream)
         elif ftype == h2.RST_STREAM:
-            self.open_streams.discard(sid)
+            self.open_streams.pop(sid, None)
             st = self.streams.get(sid)
             if st is not None:
                 self._finish(st, aborted="cancelled by the kubelet")
@@ -631,7 +649,7 @@ class Splice:
         # containerd may have answered already, its frames crossing our RST_STREAM: the
         # kubelet's stream is over, so they are dropped (see _c2k_frame)
         _remember(self.silenced, st.sid)
-        self.open_streams.discard(st.sid)
+        self.open_streams.pop(st.sid, None)
         self._wake_idle()
 
     # ---------------------------------------------------------------- containerd → kubelet
@@ -707,6 +725,10 @@ class Splice:
             # the kubelet too is asked for header blocks that stand alone (see
             # HeaderBlockDecoder.decode: a repeated call's headers are then a look-up)
             self._send_down(_without_header_table(settings))
+            if not self.settled:
+                self.settled = True
+                if self.draining:
+                    self._first_goaway(flush=False)
             return
         if sid in self.silenced and self._silence(ftype, flags, sid, payload, raw):
             return
@@ -734,7 +756,7 @@ class Splice:
             return
         if ftype == h2.RST_STREAM:
             self._send_down(raw)
-            self.open_streams.discard(sid)
+            self.open_streams.pop(sid, None)
             if st is not None:
                 self._finish(st, aborted="reset by containerd")
             self._wake_idle()
@@ -793,7 +815,7 @@ class Splice:
         self._send_down(raw)
 
     def _server_done(self, sid: int) -> None:
-        self.open_streams.discard(sid)
+        self.open_streams.pop(sid, None)
         st = self.streams.get(sid)
         if st is not None and not st.answered:
             # containerd may answer before it got the whole request (UNIMPLEMENTED, say):
@@ -854,10 +876,10 @@ class Splice:
             self._inject_up(h2.rst_stream(sid, h2.CANCEL))
             self._inject_down(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
-        self.open_streams.add(sid)
+        path = headers.path
+        self.open_streams[sid] = path
         if end_stream:
             return  # no request body will follow: nothing to intercept
-        path = headers.path
         try:
             call = self.interceptor.begin(path)
         except Exception as e:
@@ -1021,26 +1043,62 @@ class Splice:
 
     # ---------------------------------------------------------------- shutdown
     def announce_shutdown(self) -> None:
-        """Tell the kubelet to open no new streams here (GOAWAY), keep the open ones."""
-        if self.closed or self.goaway_sid is not None or self.k2c.need_preface:
+        """The graceful goodbye of HTTP/2 (RFC 9113 section 6.8): a GOAWAY with the highest
+        stream id and a PING; once the PING's ACK shows the kubelet read that GOAWAY (it opens
+        no stream here after it), a second GOAWAY with the last stream id it really opened.
+        Calls that raced the first GOAWAY are served, not refused; the open ones finish; the
+        kubelet's next call goes on a new connection. A connection still in its handshake
+        is told once both prefaces have passed (a GOAWAY before the server's SETTINGS would
+        be a protocol error)."""
+        self.draining = True
+        self._first_goaway(flush=True)
+
+    def _first_goaway(self, flush: bool) -> None:
+        if self.closed or self.goodbye or self.k2c.need_preface or not self.settled:
             return
+        self.goodbye = 1
+        self._inject_down(h2.goaway(MAX_STREAM_ID, h2.NO_ERROR, b"anolisnuma restarting"))
+        self._inject_down(h2.frame(h2.PING, 0, 0, DRAIN_PING))
+        if flush:
+            self._flush()
+        asyncio.get_running_loop().call_later(DRAIN_PING_TIMEOUT_SECONDS, self._last_goaway)
+
+    def _last_goaway(self, flush: bool = True) -> None:
+        if self.closed or self.goodbye != 1:
+            return
+        self.goodbye = 2
         self.goaway_sid = self.max_sid
-        self._inject_down(h2.goaway(self.max_sid, h2.NO_ERROR, b"anolisnuma shutting down"))
-        self._flush()
+        self._inject_down(h2.goaway(self.max_sid, h2.NO_ERROR, b"anolisnuma restarting"))
+        if flush:
+            self._flush()
+        self._wake_idle()
 
     @property
     def busy(self) -> bool:
         return bool(self.open_streams)
 
+    @property
+    def drained(self) -> bool:
+        """Closed, or told to go away for good with no call left open but event watches."""
+        return self.closed or (self.goodbye == 2 and not self.open_methods())
+
+    def open_methods(self) -> List[str]:
+        """The paths of the calls open, event watches left out."""
+        return sorted(p for p in self.open_streams.values() if not p.endswith(WATCH_PATH_ENDS))
+
+    def open_watches(self) -> int:
+        return sum(1 for p in self.open_streams.values() if p.endswith(WATCH_PATH_ENDS))
+
     def _wake_idle(self) -> None:
-        if self.idle_waiters and (not self.open_streams or self.closed):
+        if self.idle_waiters and self.drained:
             waiters, self.idle_waiters = self.idle_waiters, []
             for w in waiters:
                 if not w.done():
                     w.set_result(None)
 
-    async def wait_idle(self) -> None:
-        if not self.busy or self.closed:
+    async def wait_drained(self) -> None:
+        """Until :attr:`drained` (after :meth:`announce_shutdown`)."""
+        if self.drained:
             return
         fut = asyncio.get_running_loop().create_future()
         self.idle_waiters.append(fut)

@@ -171,6 +171,7 @@ def test_contents(native_rpm):
     for path in ["/usr/bin/anolisnuma", "/usr/bin/anolisnuma-ctl", f"{LIB}/launch.py",
                  f"{LIB}/app/anolisnuma/cli.py", f"{LIB}/app/anolisnuma/daemon.py", f"{LIB}/app/cri_proto/api_pb2.py",
                  "/etc/anolisnuma/config.toml", "/usr/lib/systemd/system/anolisnuma.service",
+                 "/usr/lib/systemd/system/anolisnuma.socket", "/usr/share/anolisnuma/deploy/crd-oenuma.yaml",
                  "/etc/logrotate.d/anolisnuma", "/usr/share/anolisnuma/kubelet-99-anolisnuma-endpoint.conf",
                  "/usr/share/doc/anolisnuma/README.md", "/usr/share/doc/anolisnuma/bundled.txt", "/var/lib/anolisnuma"]:
         assert path in files, path
@@ -234,8 +235,9 @@ def test_scriptlets_are_systemd_housekeeping_without_network(native_rpm):
     assert "postinstall scriptlet" in scripts and "preuninstall scriptlet" in scripts
     assert "postuninstall scriptlet" in scripts
     assert "systemctl daemon-reload" in scripts
-    assert "systemctl --no-reload preset anolisnuma.service" in scripts   # enabled as the site's policy says
+    assert "systemctl --no-reload preset anolisnuma.socket anolisnuma.service" in scripts   # the site's policy
     assert "systemctl --no-reload disable --now anolisnuma.service" in scripts   # erase
+    assert "systemctl --no-reload disable --now anolisnuma.socket" in scripts
     assert "systemctl try-restart anolisnuma.service" in scripts   # upgrade: the new code runs
     # The kubelet is never stopped or restarted (it Wants the proxy; an upgrade restarts only us).
     assert not re.search(r"systemctl[^\n]*\b(start|stop|restart|try-restart|reload|kill)\b[^\n]*kubelet", scripts)
@@ -439,6 +441,7 @@ def verify_root(installed: str, tmp: str) -> str:
     os.makedirs(os.path.join(root, "etc/systemd/system"))
     os.symlink("usr/bin", os.path.join(root, "bin"))
     shutil.copy2(os.path.join(installed, "usr/lib/systemd/system/anolisnuma.service"), units)
+    shutil.copy2(os.path.join(installed, "usr/lib/systemd/system/anolisnuma.socket"), units)
     for exe in ["usr/bin/anolisnuma", "usr/bin/anolisnuma-ctl"]:
         shutil.copy2(os.path.join(installed, exe), os.path.join(root, exe))
     shutil.copy2(os.path.realpath(shutil.which("kill") or "/bin/kill"), os.path.join(root, "usr/bin/kill"))
@@ -456,13 +459,16 @@ def test_unit_file(installed):
                  "ExecReload=/bin/kill -HUP $MAINPID", "WantedBy=multi-user.target"]:
         assert line in unit, line
     # The kubelet Wants the proxy; nothing makes a proxy restart restart the kubelet.
-    assert not [line for line in unit if line.startswith(("RequiredBy=", "Requires=", "BindsTo=", "PartOf="))]
+    assert not [line for line in unit if line.startswith(("RequiredBy=", "BindsTo=", "PartOf="))]
+    assert [line for line in unit if line.startswith("Requires=")] == ["Requires=anolisnuma.socket"]
 
 
 @pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="no systemd-analyze on this machine")
 def test_unit_verifies(installed, tmp_path):
     root = verify_root(installed, str(tmp_path))
     r = analyze_verify(root, "anolisnuma.service")
+    assert r.returncode == 0 and "anolisnuma" not in r.stdout + r.stderr, r.stdout + r.stderr
+    r = analyze_verify(root, "anolisnuma.socket")
     # verify exits 0 on settings it ignores (a misspelled Type=): any word about our unit fails.
     assert r.returncode == 0 and "anolisnuma" not in r.stdout + r.stderr, r.stdout + r.stderr
 
@@ -492,7 +498,8 @@ def test_kubelet_dropin_sample_wins_on_a_kubeadm_node(installed, tmp_path):
     says (unlike the old Environment=KUBELET_EXTRA_ARGS sample)."""
     sample = os.path.join(installed, "usr/share/anolisnuma/kubelet-99-anolisnuma-endpoint.conf")
     lines = unit_lines(sample)
-    assert "Wants=anolisnuma.service" in lines and "After=anolisnuma.service" in lines
+    assert "Wants=anolisnuma.socket anolisnuma.service" in lines
+    assert "After=anolisnuma.socket anolisnuma.service" in lines
     assert not [line for line in lines if line.startswith(("Environment", "Requires=", "BindsTo="))]
     execs = [line.split("=", 1)[1] for line in lines if line.startswith("ExecStart=")]
     assert execs[0] == "" and len(execs) == 2

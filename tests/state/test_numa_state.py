@@ -33,7 +33,8 @@ def test_corrupt_file_is_moved_aside(tmp_path):
 
 def test_unexpected_content_is_moved_aside(tmp_path):
     f = NumaStateFile(str(tmp_path))
-    for content in ({"version": 99, "allocations": []}, {"version": 1, "allocations": [{"nodes": [0]}]},
+    # (a newer version is refused and kept instead: tests/state/test_format_versions.py)
+    for content in ({"version": 0, "allocations": []}, {"version": 1, "allocations": [{"nodes": [0]}]},
                     {"version": 1, "allocations": [{"pod_uid": "u", "nodes": ["0"]}]},
                     {"version": 1, "allocations": [{"pod_uid": "u", "containers": {"c": {"millicpu": 1}}}]}, []):
         (tmp_path / "numa.json").write_text(json.dumps(content))

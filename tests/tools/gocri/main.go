@@ -14,6 +14,7 @@
 //
 //	gocri -socket /run/x.sock -method /runtime.v1.RuntimeService/Version -deadline 5s a.bin b.bin
 //	gocri -socket /run/x.sock -method ... -repeat 1000 -serial a.bin   # a latency loop
+//	gocri -load spec.json   # a kubelet's load until stdin closes (load.go)
 package main
 
 import (
@@ -66,7 +67,12 @@ func main() {
 	connect := flag.Duration("connect-timeout", 5*time.Second, "how long to wait for the connection")
 	repeat := flag.Int("repeat", 1, "make the calls of all request files this many times")
 	serial := flag.Bool("serial", false, "one call after another instead of all at once")
+	load := flag.String("load", "", "a load spec (JSON): run what a kubelet does until stdin closes (load.go)")
 	flag.Parse()
+	if *load != "" {
+		runLoad(*load)
+		return
+	}
 	if *socket == "" || *method == "" || flag.NArg() == 0 || *repeat < 1 {
 		fail("usage: gocri -socket PATH -method /pkg.Service/Method [-deadline 10s] [-repeat N] [-serial] REQUEST_FILE...")
 	}

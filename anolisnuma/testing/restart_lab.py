@@ -1,0 +1,231 @@
+"""A daemon under a socket supervisor on the real containerd, for the restart tests and
+``scripts/bench_restart.py``.
+
+:class:`RestartLab` writes a configuration with NUMA placement on (a fake two-node
+topology mapped onto this machine's CPUs 0 and 1, memory pinning off, namespace
+``restart``: the placements are real ``cpuset.cpus`` values) and QoS off, starts
+``python -m anolisnuma`` from a tree (this checkout, or one made by
+:func:`~anolisnuma.testing.socket_supervisor.export_tree`) under a
+:class:`~anolisnuma.testing.socket_supervisor.SocketSupervisor`, and makes the pod
+templates a :class:`~anolisnuma.testing.goclient.GoLoad` cycles through (their pod cgroups
+made as the kubelet does). :meth:`placements_missing` says which of containerd's pods of
+that namespace have no placement in the state file, or a container whose real cgroup is not
+on its pod's NUMA node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
+
+from anolisnuma.testing.containerd import CGROUP_ROOT, PrivateContainerd
+from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
+from anolisnuma.testing.images import BUSYBOX_IMAGE
+from anolisnuma.testing.proxy import REPO_ROOT, config_dict, read_log, write_config
+from anolisnuma.testing.socket_supervisor import SocketSupervisor
+
+NAMESPACE = "restart"
+NODE_CPUS = {0: "0", 1: "1"}   # the fake topology's node -> this machine's CPU
+SLEEP = ["/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 1 & wait $!; done"]
+EVENTS_SUBSCRIBE = "/containerd.services.events.v1.Events/Subscribe"
+GET_CONTAINER_EVENTS = "/runtime.v1.RuntimeService/GetContainerEvents"
+
+
+class RestartLab:
+    def __init__(self, containerd: PrivateContainerd, base: str, *, tree: str = REPO_ROOT,
+                 grace: float = 10.0, numa: bool = True) -> None:
+        self.containerd = containerd
+        self.base = base
+        self.tree = tree
+        self.data = config_dict(base, containerd.socket, grace=grace,
+                                extra={"log": {"stderr": False}, "runtime": {"connect_timeout_seconds": 5.0}})
+        if numa:
+            self.data["numa"] = {"enabled": True, "namespaces": [NAMESPACE], "memory_pinning": "off",
+                                 "poll_interval_seconds": 0.2}
+            FakeTopology(name="2n-2c-restart", node_cpus=NODE_CPUS, distances=[[10, 20], [20, 10]],
+                         memory_bytes={0: 2 * GIB, 1: 2 * GIB}).write(self.data["paths"]["sys_root"])
+        self.config_path = write_config(os.path.join(base, "anolisnuma.toml"), self.data)
+        self.socket = self.data["server"]["listen"]
+        self.state_dir = self.data["paths"]["state_dir"]
+        self.log_path = self.data["log"]["file"]
+        self.parents: List[str] = []
+        self.supervisor = SocketSupervisor(self.socket, self.argv(), env=self.env(tree),
+                                           log_path=os.path.join(base, "daemon.out"))
+
+    def argv(self) -> List[str]:
+        return [sys.executable, "-m", "anolisnuma", "-c", self.config_path]
+
+    @staticmethod
+    def env(tree: str) -> Dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NOTIFY_SOCKET")}
+        env["PYTHONPATH"] = tree
+        return env
+
+    def start(self) -> "RestartLab":
+        self.supervisor.start(cwd=self.tree)
+        return self
+
+    def upgrade(self, tree: str) -> int:
+        """Restart into ``tree`` (its ``PYTHONPATH`` and working directory)."""
+        self.tree = tree
+        return self.supervisor.restart(env=self.env(tree), cwd=tree)
+
+    def close(self) -> List[str]:
+        """Stop the daemon and the socket; remove every pod of NAMESPACE from containerd
+        (directly) and the pod cgroups made; returns what could not be removed."""
+        self.supervisor.close()
+        return self.remove_pods()
+
+    def run_pod(self, name: str, millicpu: int = 500, socket_path: Optional[str] = None) -> Tuple[str, str]:
+        """A pod with one running container, made through the proxy (or ``socket_path``) the
+        kubelet's way; (sandbox id, container id)."""
+        from cri_api.v1 import api_pb2 as pb
+        from cri_api.v1 import api_pb2_grpc as pbg
+        import grpc
+
+        sandbox, container, _ = self.pod_template(name, millicpu)
+        sb, ct = pb.PodSandboxConfig.FromString(sandbox), pb.ContainerConfig.FromString(container)
+        with grpc.insecure_channel(f"unix://{socket_path or self.socket}") as ch:
+            rt = pbg.RuntimeServiceStub(ch)
+            pod = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sb), timeout=60).pod_sandbox_id
+            cid = rt.CreateContainer(pb.CreateContainerRequest(pod_sandbox_id=pod, config=ct, sandbox_config=sb),
+                                     timeout=60).container_id
+            rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
+        return pod, cid
+
+    def remove_pods(self) -> List[str]:
+        from cri_api.v1 import api_pb2 as pb
+        from cri_api.v1 import api_pb2_grpc as pbg
+        import grpc
+
+        problems = []
+        with grpc.insecure_channel(f"unix://{self.containerd.socket}") as ch:
+            rt = pbg.RuntimeServiceStub(ch)
+            for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
+                if p.metadata.namespace != NAMESPACE:
+                    continue
+                try:
+                    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id), timeout=60)
+                    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id), timeout=60)
+                except grpc.RpcError as e:
+                    problems.append(f"pod {p.metadata.name}: {e.code().name} {e.details()}")
+        for parent in self.parents:
+            left = self.containerd.remove_pod_cgroup(parent)
+            problems += [f"cgroup left: {d}" for d in left]
+        self.parents = []
+        return problems
+
+    # ---------------------------------------------------------------- pods
+    def pod_template(self, name: str, millicpu: int = 500) -> Tuple[bytes, bytes, str]:
+        """(PodSandboxConfig, ContainerConfig, pod uid) of a burstable pod of NAMESPACE with
+        one container asking ``millicpu``; its pod cgroup is made now. Needs the full CRI
+        stubs (``cri_api``, a test dependency: security contexts)."""
+        from cri_api.v1 import api_pb2 as pb
+
+        uid = str(uuid.uuid4())
+        parent = f"/kubepods/burstable/pod{uid}"
+        self.containerd.make_pod_cgroup(parent)
+        self.parents.append(parent)
+        log_dir = os.path.join(self.containerd.pod_log_root, uid)
+        os.makedirs(log_dir, exist_ok=True)
+        ns = pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD)
+        sandbox = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace=NAMESPACE),
+            log_directory=log_dir,
+            labels={"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": NAMESPACE,
+                    "io.kubernetes.pod.uid": uid},
+            linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent,
+                                           security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns)))
+        period = 100000
+        container = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name="main"), image=pb.ImageSpec(image=BUSYBOX_IMAGE),
+            command=SLEEP, log_path="main/0.log",
+            labels={"io.kubernetes.container.name": "main"},
+            linux=pb.LinuxContainerConfig(
+                resources=pb.LinuxContainerResources(cpu_shares=millicpu * 1024 // 1000, cpu_period=period,
+                                                     cpu_quota=millicpu * period // 1000),
+                security_context=pb.LinuxContainerSecurityContext(namespace_options=ns)))
+        return sandbox.SerializeToString(), container.SerializeToString(), uid
+
+    def placements_missing(self) -> List[str]:
+        """What is wrong with the placements of containerd's running pods of NAMESPACE: a pod
+        with no allocation in numa.json, or a running container whose real cpuset.cpus is
+        not its pod's node's CPU. Empty when every pod has its placement."""
+        from cri_proto import api_pb2 as pb
+        from anolisnuma.cri.client import CriClient
+
+        allocations = {a["pod_uid"]: a for a in self.numa_state()}
+        problems = []
+        client = CriClient(self.containerd.socket)
+        try:
+            containers = client.list_containers()
+            for p in client.list_pod_sandboxes():
+                if p.metadata.namespace != NAMESPACE or p.state != pb.SANDBOX_READY:
+                    continue
+                alloc = allocations.get(p.metadata.uid)
+                if alloc is None:
+                    problems.append(f"pod {p.metadata.name} ({p.metadata.uid}) has no placement in numa.json")
+                    continue
+                want = ",".join(NODE_CPUS[n] for n in alloc["nodes"])
+                for c in containers:
+                    if c.pod_sandbox_id != p.id or c.state != pb.CONTAINER_RUNNING:
+                        continue
+                    _, info = client.container_status(c.id)
+                    path = info["runtimeSpec"]["linux"]["cgroupsPath"].lstrip("/")
+                    got = _read(os.path.join(CGROUP_ROOT, "cpuset", path, "cpuset.cpus"))
+                    if got != want:
+                        problems.append(f"container {c.id[:12]} of pod {p.metadata.name}: cpuset.cpus "
+                                        f"{got!r}, its placement says {want!r}")
+        finally:
+            client.close()
+        return problems
+
+    def numa_state(self) -> List[Dict[str, Any]]:
+        try:
+            with open(os.path.join(self.state_dir, "numa.json")) as f:
+                return json.load(f)["allocations"]
+        except FileNotFoundError:
+            return []
+
+    def log(self) -> List[Dict[str, Any]]:
+        return read_log(self.log_path)
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def stream_report(records: List[Dict[str, Any]], stream: str = "events", reference: str = "direct",
+                  margin: float = 0.2) -> Dict[str, Any]:
+    """How the event stream ``stream`` (through the proxy) did beside ``reference`` (the
+    same subscription on containerd's own socket), from GoLoad's records: how many times it
+    was opened, and the events the reference received while the proxied stream had been
+    open for over ``margin`` seconds (and was not about to close) that it never got:
+    ``lost`` must be empty."""
+    end = max((r["t"] for r in records if "t" in r), default=0.0)
+    spans = []
+    opened: Optional[float] = None
+    for r in records:
+        if r.get("stream") != stream:
+            continue
+        if r["kind"] == "open":
+            opened = r["t"]
+        elif r["kind"] == "closed" and opened is not None:
+            spans.append((opened, r["t"]))
+            opened = None
+    if opened is not None:
+        spans.append((opened, end))
+    got = {r["key"] for r in records if r["kind"] == "event" and r.get("stream") == stream}
+    lost = [r for r in records if r["kind"] == "event" and r.get("stream") == reference and r["key"] not in got
+            and any(a + margin < r["t"] < b - margin for a, b in spans)]
+    return {"opens": sum(1 for r in records if r["kind"] == "open" and r.get("stream") == stream),
+            "events": len(got),
+            "reference_events": sum(1 for r in records if r["kind"] == "event" and r.get("stream") == reference),
+            "lost": lost}

@@ -1,0 +1,178 @@
+"""Restart, upgrade and kill -9 under a kubelet's load, on the real containerd.
+
+The daemon runs under a socket supervisor that holds the listening socket as systemd's
+``anolisnuma.socket`` does; the grpc-go client's load mode (tests/tools/gocri/load.go)
+polls Version/Status, relists, runs pod lifecycles and keeps containerd's event stream open
+through the proxy (and a reference subscription on containerd's own socket).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any, Dict, List
+
+import pytest
+
+from anolisnuma.testing.daemon_probes import wait_until
+from anolisnuma.testing.goclient import GoLoad, run_gocri
+from anolisnuma.testing.restart_lab import EVENTS_SUBSCRIBE, RestartLab, stream_report
+from anolisnuma.testing.socket_supervisor import export_tree
+
+pytestmark = pytest.mark.containerd
+
+RUNTIME = "/runtime.v1.RuntimeService/"
+TEARDOWN = ("/StopContainer", "/RemoveContainer", "/StopPodSandbox", "/RemovePodSandbox")
+
+
+@pytest.fixture
+def lab(containerd, tmp_path):  # type: ignore[no-untyped-def]
+    lab = RestartLab(containerd, str(tmp_path / "lab"))
+    try:
+        lab.start()
+        yield lab
+    finally:
+        problems = lab.close()
+        assert not problems, problems
+
+
+def kubelet_load(lab: RestartLab, workers: int = 2, **kw: Any) -> GoLoad:
+    pods = [lab.pod_template(f"churn-{i}")[:2] for i in range(workers)]
+    return GoLoad(lab.socket, pods=pods, streams=[("events", EVENTS_SUBSCRIBE, b"", ""),
+                                                  ("direct", EVENTS_SUBSCRIBE, b"", lab.containerd.socket)],
+                  poll_interval_ms=50, **kw).start()
+
+
+def wait_for_lifecycles(load: GoLoad, n: int) -> None:
+    """Until ``n`` more CreateContainer calls finished (the load is running)."""
+    start = sum(1 for r in load.records() if r["kind"] == "create")
+    wait_until(lambda: sum(1 for r in load.records() if r["kind"] == "create") >= start + n,
+               f"{n} pod lifecycles", 60)
+
+
+def failures(records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [r for r in records if r["kind"] == "fail"]
+
+
+def test_restarts_and_an_upgrade_mid_load_fail_no_call(lab, tmp_path):
+    """SIGTERM (systemctl restart) three times and an upgrade to another tree, while pods
+    are created: not one call fails, the event stream is re-opened on each new connection
+    and loses nothing containerd sent after that, and every running pod keeps its placement."""
+    steady = [lab.run_pod(f"steady-{i}") for i in range(2)]
+    load = kubelet_load(lab)
+    try:
+        wait_for_lifecycles(load, 2)
+        for _ in range(3):
+            assert lab.supervisor.restart() == 0
+            wait_for_lifecycles(load, 1)
+        tree = export_tree(os.getcwd(), str(tmp_path / "next"), version_suffix="+next")
+        assert lab.upgrade(tree) == 0
+        wait_for_lifecycles(load, 2)
+    finally:
+        records = load.stop()
+    assert failures(records) == []
+    creates = [r for r in records if r["kind"] == "create"]
+    assert creates and all(r["code"] == 0 for r in creates)
+    report = stream_report(records)
+    assert report["opens"] >= 5, report            # once at start, again after each restart
+    assert report["reference_events"] > 0 and report["lost"] == [], report
+    versions = [e.get("version") for e in lab.log() if e.get("message") == "anolisnuma listening"]
+    assert versions[-1].endswith("+next") and not versions[0].endswith("+next")
+    assert [e for e in lab.log() if e.get("message", "").startswith("shutdown grace over")] == []
+    assert len(steady) == 2 and lab.placements_missing() == []
+
+
+def test_create_in_flight_at_sigterm_completes_with_its_post_hooks(lab):
+    """A CreateContainer that containerd is still working on when SIGTERM arrives: the old
+    daemon answers it before it exits (0), its NUMA post-hook recorded the container in
+    numa.json and the store, and the next daemon starts it on its pod's node."""
+    import grpc
+    from cri_api.v1 import api_pb2 as pb
+    from cri_api.v1 import api_pb2_grpc as pbg
+
+    sandbox, container, uid = lab.pod_template("in-flight")
+    sb = pb.PodSandboxConfig.FromString(sandbox)
+    channel = grpc.insecure_channel(f"unix://{lab.socket}")   # connected before containerd stops
+    rt = pbg.RuntimeServiceStub(channel)
+    pod_id = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=sb), timeout=60).pod_sandbox_id
+    containerd_pid = lab.containerd.pid
+    os.kill(containerd_pid, signal.SIGSTOP)   # containerd holds the call until SIGCONT
+    try:
+        call = rt.CreateContainer.future(pb.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=pb.ContainerConfig.FromString(container), sandbox_config=sb), timeout=60)
+        wait_until(lambda: _logged(lab, "create container request from kubelet"), "the call in the daemon", 30)
+        old = lab.supervisor.proc
+        old.send_signal(signal.SIGTERM)
+        wait_until(lambda: _logged(lab, "shutting down: no new connections taken"), "the drain", 30)
+        assert old.poll() is None   # waiting for the call
+    finally:
+        os.kill(containerd_pid, signal.SIGCONT)
+    cid = call.result(60).container_id
+    channel.close()
+    assert old.wait(30) == 0
+    stopped = [e for e in lab.log() if e.get("message") == "anolisnuma stopped"][-1]
+    assert stopped["calls_cut"] == 0
+    # The post-hook ran before the exit: the container is in the saved allocation and store.
+    alloc = [a for a in lab.numa_state() if a["pod_uid"] == uid]
+    assert alloc and cid in alloc[0]["containers"], alloc
+    with open(os.path.join(lab.state_dir, "store.json")) as f:
+        assert cid in {c["container_id"] for c in json.load(f)["containers"]}
+    lab.supervisor.start()
+    started = run_gocri(lab.socket, RUNTIME + "StartContainer", [_field(1, cid.encode())])[0]
+    assert started["code"] == 0, started
+    assert lab.placements_missing() == []
+
+
+def test_kill9_fails_only_the_calls_in_flight(lab):
+    """kill -9 twice under load: the calls that fail were started before the kill and fail
+    UNAVAILABLE; the calls started while no daemon runs wait in the supervisor's backlog and
+    succeed once it is back; no pod is left without its placement."""
+    steady = lab.run_pod("steady")
+    load = kubelet_load(lab, trace=True)
+    kills = []
+    try:
+        wait_for_lifecycles(load, 2)
+        for _ in range(2):
+            kills.append(_now())
+            lab.supervisor.kill9()
+            kills[-1] = (kills[-1], _now())   # (the kill, READY=1 of the next daemon)
+            wait_for_lifecycles(load, 2)
+    finally:
+        records = load.stop()
+    calls = [r for r in records if r["kind"] == "call"]
+    cut = [r for r in failures(records) if r["code"] == 14]   # UNAVAILABLE: the connection went away
+    assert cut, "no call was in flight at a kill"
+    for r in cut:   # started before a kill (the client had not seen the connection close yet)
+        assert any(k - 5 < r["t"] < k + 0.5 for k, _ in kills), (r, kills)
+    # The only other failures: containerd still finishing a cut call on the same container
+    # ("in starting state, can't be removed"), retried by the client as the kubelet does.
+    others = [r for r in failures(records) if r["code"] != 14]
+    assert all(r["method"].endswith(TEARDOWN) and "state" in r["msg"] for r in others), json.dumps(others)
+    for killed, ready in kills:
+        # made while no daemon ran, answered once the next one was up: they waited in the backlog
+        waited = [r for r in calls if killed < r["t"] < ready and r["t"] + r["ms"] / 1000 > ready - 0.1
+                  and r["code"] == 0]
+        assert waited, "no call waited for the next daemon"
+        late = [r for r in calls if killed + 0.5 < r["t"] < ready]
+        assert all(r["code"] == 0 for r in late), [r for r in late if r["code"]]
+    assert stream_report(records)["lost"] == []
+    assert steady and lab.placements_missing() == []
+
+
+# ------------------------------------------------------------------------------ helpers
+
+def _now() -> float:
+    return time.time()
+
+
+def _logged(lab: RestartLab, message: str) -> bool:
+    return any(e.get("message", "").startswith(message) for e in lab.log())
+
+
+def _field(number: int, value: bytes) -> bytes:
+    """A length-delimited protobuf field (the container id of StartContainerRequest)."""
+    assert len(value) < 0x80
+    return bytes([number << 3 | 2, len(value)]) + value
+
