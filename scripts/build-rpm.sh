@@ -101,7 +101,7 @@ wheelhouse=$(cd "$wheelhouse" && pwd)
 outdir=$(cd "$outdir" && pwd)
 
 tar -C "$HERE" --transform "s,^,anolisnuma-$version/," -czf "$top/SOURCES/anolisnuma-$version.tar.gz" \
-    config.toml README.md docs rpm
+    config.toml README.md docs rpm deploy
 
 built=()
 for arch in $arches; do

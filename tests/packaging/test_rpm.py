@@ -454,8 +454,8 @@ def analyze_verify(root: str, unit: str) -> subprocess.CompletedProcess:
 
 def test_unit_file(installed):
     unit = unit_lines(os.path.join(installed, "usr/lib/systemd/system/anolisnuma.service"))
-    for line in ["Type=notify", "NotifyAccess=main", "Before=kubelet.service", "After=containerd.service",
-                 "Restart=always", "ExecStart=/usr/bin/anolisnuma -c /etc/anolisnuma/config.toml",
+    for line in ["Type=notify", "NotifyAccess=main", "Before=kubelet.service",
+                 "After=containerd.service anolisnuma.socket", "Restart=always", "ExecStart=/usr/bin/anolisnuma -c /etc/anolisnuma/config.toml",
                  "ExecReload=/bin/kill -HUP $MAINPID", "WantedBy=multi-user.target"]:
         assert line in unit, line
     # The kubelet Wants the proxy; nothing makes a proxy restart restart the kubelet.
