@@ -145,6 +145,12 @@ class Daemon:
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._reloading = asyncio.Lock()   # made here: on 3.9 a lock binds to the loop current when made
+        # Before the socket answers: a SIGTERM that comes as soon as it does (a restart
+        # right after a start) is a graceful stop, not the default handler's sudden death.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        loop.add_signal_handler(signal.SIGUSR1, logsetup.reopen)
         sock = self.listener.open()
         # asyncio listens again on the socket it is given, with a backlog of 100 unless told;
         # from 3.13 it would also unlink the path at close, which is the listener's to do
@@ -152,10 +158,6 @@ class Daemon:
         extra = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
         server = await loop.create_unix_server(self.relay.protocol, sock=sock, backlog=self.listener.backlog,
                                                **extra)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
-        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-        loop.add_signal_handler(signal.SIGUSR1, logsetup.reopen)
         log.info("anolisnuma listening", version=__version__, listen=self.listener.path,
                  socket_activation=self.listener.inherited or None,
                  runtime=self.config.runtime.endpoint, config=self.config.source)

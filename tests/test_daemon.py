@@ -364,6 +364,7 @@ def test_the_admin_reload_of_a_fifo_is_refused_without_holding_the_event_loop(so
 
     from anolisnuma.admin.server import CommandError
     from anolisnuma.config import Config
+    from anolisnuma.testing.daemon_probes import wait_until
     from anolisnuma.testing.fake_cri import FakeCri
     from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
 
@@ -371,9 +372,11 @@ def test_the_admin_reload_of_a_fifo_is_refused_without_holding_the_event_loop(so
         path = write_config(os.path.join(sockdir, "c.toml"), config_dict(
             sockdir, fake.socket_path, extra={"admin": {"socket": os.path.join(sockdir, "admin.sock")}}))
         with InProcessProxy(Config.load(path)) as proxy:
+            # the admin surface starts a moment after the CRI socket answers
+            commands = wait_until(lambda: proxy.daemon.admin.commands, "the admin commands", timeout=30)
             os.remove(path)
             os.mkfifo(path)
-            reload = asyncio.run_coroutine_threadsafe(proxy.daemon.admin.commands.dispatch("reload", {}), proxy.loop)
+            reload = asyncio.run_coroutine_threadsafe(commands.dispatch("reload", {}), proxy.loop)
             try:
                 with pytest.raises(CommandError) as e:
                     reload.result(10)
