@@ -13,14 +13,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import structlog
 
-from anolisnuma.cluster.api import ApiClient
 from anolisnuma.cluster.config import KubernetesConfig
-from anolisnuma.cluster.events import EventRecorder
 from anolisnuma.cluster.kubeconfig import load_kubeconfig
 from anolisnuma.cluster.oenumas import OenumaSet, RuleBook, RulesFile
-from anolisnuma.cluster.report import StatusReporter
-from anolisnuma.cluster.sync import ClusterSync
-from anolisnuma.cluster.watcher import OenumaWatcher
 from anolisnuma.controller import Controller
 
 log = structlog.get_logger("anolisnuma.cluster")
@@ -31,7 +26,16 @@ class ClusterLink:
     :class:`~anolisnuma.cluster.kubeconfig.KubeconfigError` when the kubeconfig is unusable."""
 
     def __init__(self, config: KubernetesConfig, placement: Any, state_dir: str, node_name: str) -> None:
-        credentials = load_kubeconfig(config.kubeconfig)
+        # (lightkube is imported here, by the loops' modules: a node without [kubernetes]
+        # does not pay for it)
+        from anolisnuma.cluster.events import EventRecorder
+        from anolisnuma.cluster.kube_client import KubeClient
+        from anolisnuma.cluster.report import StatusReporter
+        from anolisnuma.cluster.sync import ClusterSync
+        from anolisnuma.cluster.watcher import OenumaWatcher
+
+        kubeconfig = load_kubeconfig(config.kubeconfig)
+        timeout = config.request_timeout_seconds
         self.config = config
         self.node_name = node_name
         self.crs = OenumaSet(node_name)
@@ -39,14 +43,14 @@ class ClusterLink:
         self._wake_repin: Callable[[], None] = lambda: None
         self.events = None
         if config.events:
-            self.events = EventRecorder(ApiClient(credentials, config.request_timeout_seconds), node_name)
+            self.events = EventRecorder(KubeClient(kubeconfig, timeout), node_name)
         reporter = None
         if config.write_status:
-            reporter = StatusReporter(ApiClient(credentials, config.request_timeout_seconds), node_name,
+            reporter = StatusReporter(KubeClient(kubeconfig, timeout), node_name,
                                       events=self.events)
         self.sync = ClusterSync(placement, self.crs, RuleBook(node_name, placement.topology), self.rules_file,
                                 lambda: self._wake_repin(), reporter, events=self.events)
-        self.watcher = OenumaWatcher(ApiClient(credentials, config.request_timeout_seconds), self.crs,
+        self.watcher = OenumaWatcher(KubeClient(kubeconfig, timeout), self.crs,
                                      self.sync.wake, watch_timeout=config.watch_timeout_seconds,
                                      backoff_max=config.backoff_max_seconds)
         saved = self.rules_file.load(node_name)
@@ -54,7 +58,7 @@ class ClusterLink:
         if saved:
             self.crs.replace(saved)
             self.sync.use_rules(persist=False)
-        log.info("Oenuma CRs watched from the API server", server=credentials.server, node_name=node_name,
+        log.info("Oenuma CRs watched from the API server", server=kubeconfig.server, node_name=node_name,
                  saved_crs=self.saved_crs, rules=len(self.rules()), status=config.write_status)
 
     def controllers(self, wake_repin: Callable[[], None]) -> List[Controller]:
@@ -88,4 +92,8 @@ def cluster_link(config: Optional[KubernetesConfig], placement: Any, state_dir: 
         return ClusterLink(config, placement, state_dir, config.node_name.lower() or node_name)
     except KubeconfigError as e:
         log.error("kubernetes.kubeconfig unusable; no Oenuma CRs from the API server", error=str(e))
+        return None
+    except ImportError as e:
+        log.error("lightkube, the Kubernetes client, cannot be imported; no Oenuma CRs from the API server",
+                  error=str(e))
         return None
