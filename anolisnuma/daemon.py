@@ -59,7 +59,22 @@ def build_hooks(config: Config) -> List[Hook]:
             if config.hooks.settings(name).failure_policy == "fail":
                 raise HookUnavailable(f"hook {name} cannot start: {e}") from e
             log.error("hook cannot start; running without it", hook=name, error=repr(e))
+    wire_decision_events(hooks)
     return hooks
+
+
+def wire_decision_events(hooks: List[Hook]) -> None:
+    """Give every hook that reports its decisions about pods (``use_decision_events``) the
+    sink of the NUMA hook's API server link, when there is one (events on the pods,
+    ``anolisnuma/decision_events.py``); without it the hooks keep their no-op sink."""
+    link = next((h.cluster for h in hooks if getattr(h, "cluster", None) is not None), None)
+    if link is None:
+        return
+    sink = link.decision_events()
+    for h in hooks:
+        use = getattr(h, "use_decision_events", None)
+        if use is not None:
+            use(sink)
 
 
 class HookUnavailable(Exception):

@@ -106,15 +106,19 @@ def test_a_path_that_cannot_be_created_is_one_line_naming_its_key(tmp_path, key)
 
 
 def test_a_socket_mode_open_to_everyone_is_warned_about(sockdir):
+    from anolisnuma.testing.daemon_probes import wait_until
     from anolisnuma.testing.fake_cri import FakeCri
     from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
 
     with FakeCri(f"{sockdir}/cri.sock", containers=0, sandboxes=0) as fake:
         cfg = config_dict(sockdir, fake.socket_path, extra={"server": {"socket_mode": "0666"}})
+        def warnings():
+            return [line for line in read_log(cfg["log"]["file"]) if line.get("socket_mode") == "0o666"]
+
+        # The socket answers (the proxy's start) a moment before the line is written.
         with SubprocessProxy(cfg, sockdir):
-            pass
-        warnings = [line for line in read_log(cfg["log"]["file"]) if line.get("socket_mode") == "0o666"]
-        assert warnings and warnings[0]["level"] == "warning"
+            found = wait_until(warnings, "the socket_mode warning in the log", timeout=30)
+        assert found[0]["level"] == "warning"
 
 
 def test_the_daemon_runs_on_uvloop_and_on_asyncio_without_it(monkeypatch):

@@ -41,6 +41,29 @@ Families (all prefixed ``anolisnuma_``):
 ``controller_events_total``               controller, event: a loop's own counts (e.g.
                                           numa-affinity samples, moves, moves_refused,
                                           moves_rolled_back)
+``cluster_connection_state``              state (connecting, synced, down, refused): 1 for
+                                          the API server link's state now, 0 for the others
+``cluster_last_sync_timestamp_seconds``   the last full list of the CRs (absent before)
+``cluster_last_watch_event_timestamp_seconds``  the last watch event or bookmark (ditto)
+``cluster_crs_seen``, ``cluster_rules``,  Oenuma CRs seen; rules in force from them; CRs
+``cluster_crs_naming_node``,              naming this node, and those of them skipped as
+``cluster_crs_skipped``                   malformed
+``cluster_watch_requests_total``          request (list, watch): relists and watch restarts
+``cluster_watch_events_total``            type (event, bookmark)
+``cluster_watch_gone_total``,             410 Gone answers; list or watch sessions that
+``cluster_watch_failures_total``          failed
+``cluster_rule_changes_total``,           rule changes; running pods re-pinned by them
+``cluster_repins_total``
+``cluster_events_sent_total``,            events created; repeats counted in a series
+``cluster_events_aggregated_total``
+``cluster_events_dropped_total``          reason (rate_limit, queue_full, send_failed)
+``cluster_events_queued``                 events waiting to be sent
+``cluster_pod_events_total``              reason (NumaPlaced, QosApplied, ...): events on
+                                          pods queued for the policies' decisions
+``cluster_status_applies_total``          outcome (ok, failed): server-side applies of
+                                          the CRs' status
+                                          (no ``cluster_`` family when ``[kubernetes]`` is
+                                          off)
 ``metrics_connections_total``             outcome: what became of connections to the
                                           endpoint itself (served, busy, rejected,
                                           head_timeout, closed_early, write_timeout, failed)
@@ -79,7 +102,7 @@ class DaemonCollector:
         # A section that fails (a hook being rebuilt, say) is left out of this scrape; the
         # others are still served.
         for section in (self._daemon, self._calls, self._hooks, self._relay, self._numa, self._qos,
-                        self._reconcilers, self._controllers):
+                        self._reconcilers, self._controllers, self._cluster):
             try:
                 yield from section()
             except Exception as e:
@@ -221,6 +244,67 @@ class DaemonCollector:
         yield errors
         yield last
         yield events
+
+    def _cluster(self) -> Iterator[Metric]:
+        st = views.cluster(self.daemon)
+        if st is None:
+            return
+        state = GaugeMetricFamily(P + "cluster_connection_state", "1 for the API server link's state now",
+                                  labels=["state"])
+        for name in sorted({"connecting", "synced", "down", "refused", str(st.get("state"))}):
+            state.add_metric([name], int(name == st.get("state")))
+        yield state
+        for key, name, doc in (("last_sync", "last_sync", "when the Oenuma CRs were last listed in full"),
+                               ("last_event", "last_watch_event", "when the last watch event or bookmark came")):
+            if st.get(key):
+                yield GaugeMetricFamily(P + f"cluster_{name}_timestamp_seconds", doc + " (Unix time)", value=st[key])
+        yield GaugeMetricFamily(P + "cluster_crs_seen", "Oenuma CRs seen on the API server",
+                                value=st.get("crs_seen", 0))
+        yield GaugeMetricFamily(P + "cluster_crs_naming_node", "Oenuma CRs naming this node",
+                                value=st.get("crs_naming_node", 0))
+        yield GaugeMetricFamily(P + "cluster_crs_skipped", "Oenuma CRs naming this node skipped as malformed",
+                                value=len(st.get("crs_skipped") or ()))
+        yield GaugeMetricFamily(P + "cluster_rules", "placement rules in force from Oenuma CRs",
+                                value=len(st.get("rules") or ()))
+        requests = CounterMetricFamily(P + "cluster_watch_requests", "full lists and watches of the Oenuma CRs",
+                                       labels=["request"])
+        requests.add_metric(["list"], st.get("lists", 0))
+        requests.add_metric(["watch"], st.get("watches", 0))
+        yield requests
+        events = CounterMetricFamily(P + "cluster_watch_events", "watch events of the Oenuma CRs", labels=["type"])
+        events.add_metric(["event"], st.get("events", 0))
+        events.add_metric(["bookmark"], st.get("bookmarks", 0))
+        yield events
+        for key, name, doc in (("gone", "watch_gone", "watches answered 410 Gone (each followed by a relist)"),
+                               ("failures", "watch_failures", "list or watch sessions that failed"),
+                               ("rule_changes", "rule_changes", "changes of the rules from Oenuma CRs"),
+                               ("repins", "repins", "running pods re-pinned by rule changes")):
+            yield CounterMetricFamily(P + f"cluster_{name}", doc, value=st.get(key, 0))
+        if "events_sent" in st:   # ([kubernetes] events = true)
+            yield CounterMetricFamily(P + "cluster_events_sent", "events created on the API server",
+                                      value=st["events_sent"])
+            yield CounterMetricFamily(P + "cluster_events_aggregated", "repeats of an event counted in its series",
+                                      value=st.get("events_aggregated", 0))
+            dropped = CounterMetricFamily(P + "cluster_events_dropped", "events not sent, by why",
+                                          labels=["reason"])
+            for key, reason in (("events_dropped_rate", "rate_limit"), ("events_dropped_full", "queue_full"),
+                                ("events_failed", "send_failed")):
+                dropped.add_metric([reason], st.get(key, 0))
+            yield dropped
+            yield GaugeMetricFamily(P + "cluster_events_queued", "events waiting to be sent",
+                                    value=st.get("events_queued", 0))
+            pod_events = CounterMetricFamily(P + "cluster_pod_events", "events on pods queued for the policies' "
+                                                                       "decisions, by reason", labels=["reason"])
+            for reason, n in sorted((st.get("pod_events") or {}).items()):
+                if reason not in ("dropped", "unworded"):
+                    pod_events.add_metric([reason], n)
+            yield pod_events
+        if "status_writes" in st:   # ([kubernetes] write_status = true)
+            applies = CounterMetricFamily(P + "cluster_status_applies", "server-side applies of Oenuma status",
+                                          labels=["outcome"])
+            applies.add_metric(["ok"], st["status_writes"] + st.get("status_removals", 0))
+            applies.add_metric(["failed"], st.get("status_failures", 0))
+            yield applies
 
 
 def _histogram(stats: LatencyStats, count_name: str, seconds_name: str, doc: str,

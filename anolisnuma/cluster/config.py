@@ -8,7 +8,7 @@ request_timeout_seconds = 10.0     # every request but a watch: connect, send, w
 watch_timeout_seconds = 300.0      # a watch is re-made after this long (the server ends it)
 backoff_max_seconds = 60.0         # reconnect delays double from 0.5 s up to this (+-20 %)
 write_status = true                # report what this node did in each CR's status
-events = true                      # events on the pods a CR re-pinned and on malformed CRs
+events = true                      # events on pods (placed, moved, re-pinned, QoS) and malformed CRs
 ```
 """
 

@@ -3,13 +3,14 @@
 It holds the CRs seen, loads the last rules saved (so they apply from the first
 CreateContainer after a restart, whether or not the API server answers), and hands the
 daemon its loops: ``cluster-watch`` (list + watch), ``cluster-rules`` (rules, re-pins,
-status) and ``cluster-events`` (events on pods and CRs). :meth:`ClusterLink.status` is
-what ``anolisnuma-ctl status`` shows.
+status) and ``cluster-events`` (events on pods and CRs), and the policies their sink for
+what they decide about pods (:meth:`ClusterLink.decision_events`). :meth:`ClusterLink.status`
+is what ``anolisnuma-ctl status`` shows.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import structlog
 
@@ -17,6 +18,10 @@ from anolisnuma.cluster.config import KubernetesConfig
 from anolisnuma.cluster.kubeconfig import load_kubeconfig
 from anolisnuma.cluster.oenumas import OenumaSet, RuleBook, RulesFile
 from anolisnuma.controller import Controller
+from anolisnuma.decision_events import DecisionEvents, no_events
+
+if TYPE_CHECKING:
+    from anolisnuma.cluster.pod_events import PodEventSink
 
 log = structlog.get_logger("anolisnuma.cluster")
 
@@ -30,6 +35,7 @@ class ClusterLink:
         # does not pay for it)
         from anolisnuma.cluster.events import EventRecorder
         from anolisnuma.cluster.kube_client import KubeClient
+        from anolisnuma.cluster.pod_events import PodEventSink
         from anolisnuma.cluster.report import StatusReporter
         from anolisnuma.cluster.sync import ClusterSync
         from anolisnuma.cluster.watcher import OenumaWatcher
@@ -42,8 +48,10 @@ class ClusterLink:
         self.rules_file = RulesFile(state_dir)
         self._wake_repin: Callable[[], None] = lambda: None
         self.events = None
+        self.pod_events: Optional[PodEventSink] = None
         if config.events:
             self.events = EventRecorder(KubeClient(kubeconfig, timeout), node_name)
+            self.pod_events = PodEventSink(self.events, node_name)
         reporter = None
         if config.write_status:
             reporter = StatusReporter(KubeClient(kubeconfig, timeout), node_name,
@@ -67,6 +75,11 @@ class ClusterLink:
         self._wake_repin = wake_repin
         return [self.watcher, self.sync] + ([self.events] if self.events is not None else [])
 
+    def decision_events(self) -> DecisionEvents:
+        """The sink for the policies' decisions about pods: events on the pods when
+        ``[kubernetes] events`` is on, else nothing."""
+        return self.pod_events if self.pod_events is not None else no_events
+
     def rules(self) -> List[str]:
         return [r.describe() for cr in self.sync.current for r in cr.rules]
 
@@ -77,7 +90,8 @@ class ClusterLink:
         return {"node_name": self.node_name, **w.connection(), "rules_from": rules_from,
                 "crs_naming_node": len(self.sync.current),
                 "crs_skipped": [cr.ref for cr in self.sync.current if cr.error],
-                "rules": self.rules(), **self.sync.counts(), **(self.events.counts() if self.events else {})}
+                "rules": self.rules(), **self.sync.counts(), **(self.events.counts() if self.events else {}),
+                **({"pod_events": self.pod_events.counts()} if self.pod_events is not None else {})}
 
 
 def cluster_link(config: Optional[KubernetesConfig], placement: Any, state_dir: str,

@@ -32,6 +32,7 @@ import structlog
 
 from anolisnuma.config import PathsConfig
 from anolisnuma.controller import Controller
+from anolisnuma.decision_events import DecisionEvents, no_events
 from anolisnuma.pipeline.hooks import (
     CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX, RUN_POD_SANDBOX, STOP_POD_SANDBOX,
     UPDATE_CONTAINER_RESOURCES, Call, Hook)
@@ -84,6 +85,7 @@ class NumaHook(Hook):
         self.placement: Optional[PlacementService] = None
         self.affinity: Optional["AffinityController"] = None   # made by controllers() when on
         self.cluster: Any = None   # anolisnuma.cluster.link.ClusterLink
+        self.decisions: DecisionEvents = no_events
         if not config.enabled:
             return
         self.placement = PlacementService(
@@ -99,6 +101,14 @@ class NumaHook(Hook):
         log.info("NUMA placement enabled", topology=p.topology.describe(), shared_pool=str(p.shared_pool),
                  kubelet_policy=p.kubelet_state.policy, allocations=len(p.ledger), rules=p.rule_count)
 
+    def use_decision_events(self, sink: DecisionEvents) -> None:
+        """Report placements and live moves to ``sink`` (the daemon wires it)."""
+        self.decisions = sink
+        if self.placement is not None:
+            self.placement.decisions = sink
+        if self.affinity is not None:
+            self.affinity.decisions = sink
+
     def controllers(self, connect: Callable[[Optional[float]], Any], store: Any = None) -> List[Controller]:
         """The watcher (kubelet checkpoint, rule files), the re-pinner (which records what
         it applied in ``store``) and, when ``[numa.affinity]`` is on, the traffic-affinity
@@ -113,6 +123,7 @@ class NumaHook(Hook):
         if self.config.affinity.enabled:
             self.affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner)
             if self.affinity is not None:
+                self.affinity.decisions = self.decisions
                 loops.append(self.affinity)
         if self.cluster is not None:
             loops.extend(self.cluster.controllers(repinner.wake))

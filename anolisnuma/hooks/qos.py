@@ -41,6 +41,7 @@ import structlog
 
 from anolisnuma.config import PathsConfig
 from anolisnuma.controller import Controller
+from anolisnuma.decision_events import DecisionEvents, QosApplied, QosSkipped, no_events, pod_ref
 from anolisnuma.logsummary import FirstTime
 from anolisnuma.pipeline.hooks import (
     CREATE_CONTAINER, RUN_POD_SANDBOX, START_CONTAINER, STOP_POD_SANDBOX, Call, Hook, HookRefused,
@@ -98,6 +99,8 @@ class QosHook(Hook, PodStateHolder):
         self._warned = FirstTime()
         self.support: KnobSupport = KnobSupport({}, {})
         self.plans: Dict[QosLevel, LevelPlan] = {}
+        self.lacking: Dict[QosLevel, Tuple[str, ...]] = {}   # knobs a level would write that this kernel lacks
+        self.decisions: DecisionEvents = no_events
         self._prepare_lock = threading.Lock()
         # A resync's "did a call name this pod?" and its admission of the pod happen under
         # this lock, and so does a call forgetting a pod: a Stop/Remove never lands between
@@ -110,6 +113,8 @@ class QosHook(Hook, PodStateHolder):
             for name, reason in self.support.report_lines():
                 self.log.info(f"unsupported knob {name}: {reason}", knob=name, reason=reason)
             self.plans = {lv: plan_level(config, lv, self.support) for lv in QosLevel}
+            self.lacking = {lv: _lacking(plan_level(config, lv, KnobSupport.everything()), self.plans[lv])
+                            for lv in QosLevel}
         self.applier = QosApplier(self.cgroups, self.sysctls,
                                   self.resctrl_fs if self._resctrl_wanted() else None,
                                   dry_run=config.dry_run, log=self.log)
@@ -126,6 +131,11 @@ class QosHook(Hook, PodStateHolder):
     def _resctrl_wanted(self) -> bool:
         return bool(self.cfg.enabled and self.cfg.resctrl.enabled and
                     (self.support.has(knobs.RESCTRL_L3) or self.support.has(knobs.RESCTRL_MB)))
+
+    def use_decision_events(self, sink: DecisionEvents) -> None:
+        """Report each pod's level (applied, or skipped and why) to ``sink`` (the daemon
+        wires it)."""
+        self.decisions = self.applier.decisions = sink
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -222,22 +232,23 @@ class QosHook(Hook, PodStateHolder):
             try:
                 cgroup = parse_cgroup_parent(cgroup_parent)
             except InvalidCgroupPath as e:
-                self._once(uid or ref, "cgroup_parent")("qos skipped: cgroup_parent not recognized",
-                                                        pod=ref, error=str(e))
+                self._skipped(uid, ref, "cgroup_parent", "cgroup_parent not recognized", error=str(e))
                 return None
         elif uid:
             cgroup = self.cgroups.locate_pod(uid)
         if cgroup is None:
-            self._once(uid or ref, "no cgroup")("qos skipped: no pod cgroup known", pod=ref, uid=preview(uid))
+            self._skipped(uid, ref, "no cgroup", "no pod cgroup known", uid=preview(uid))
             return None
         decision = resolve_level(annotations, labels, cgroup.kube_class, self.cfg.kube_class_mapping)
         for w in decision.warnings:
             self._once(uid or ref, w)("ignored pod annotation/label: " + w, pod=ref)
         plan = self.plans[decision.level]
         llc_group = None
+        ignored = decision.warnings
         if self.applier.resctrl is not None:
             cls, warning = llc_class_for(self.cfg.resctrl, decision.level, annotations)
             if warning:
+                ignored += (warning,)
                 self.log.warning("ignored pod annotation: " + warning, pod=ref)
             llc_group = self.cfg.resctrl.group_name(cls)
             if llc_group not in self.applier.resctrl_groups:
@@ -247,13 +258,23 @@ class QosHook(Hook, PodStateHolder):
         pod = ManagedPod(uid=cgroup.uid, ref=ref, level=decision.level, source=decision.source, why=decision.why,
                          cgroup=cgroup, targets=self.applier.pod_targets(cgroup, plan.pod),
                          container_settings=plan.container, llc_group=llc_group,
-                         sandbox_ids={sandbox_id} if sandbox_id else set())
+                         sandbox_ids={sandbox_id} if sandbox_id else set(),
+                         told=QosApplied(pod_ref(ref, uid), decision.level.value, decision.why,
+                                         knobs=_knob_values(plan), lacking=self.lacking.get(decision.level, ()),
+                                         ignored=ignored))
         self.log.info("qos level", pod=ref, qos_level=decision.level.value, source=decision.source,
                       why=decision.why, cgroup=cgroup.rel, llc_group=llc_group,
                       dry_run=self.cfg.dry_run)
         self.applier.log_sched_core_skips(pod.targets, ref)
         self.state.put(pod)
         return self.state.by_uid(pod.uid)
+
+    def _skipped(self, uid: str, ref: str, condition: str, why: str, **fields: Any) -> None:
+        """A pod the hook cannot manage: warned and told the first time, then debug."""
+        first = self._warned.first((uid or ref, condition))
+        (self.log.warning if first else self.log.debug)("qos skipped: " + why, pod=ref, **fields)
+        if first:
+            self.decisions(QosSkipped(pod_ref(ref, uid), why + (f": {fields['error']}" if "error" in fields else "")))
 
     def _once(self, pod: str, condition: str) -> Any:
         """The log method for a per-pod condition: warning the first time, then debug."""
@@ -464,6 +485,16 @@ class QosHook(Hook, PodStateHolder):
     def _log_errors(self, ref: str, report: ApplyReport) -> None:
         if report.errors:
             self.log.error("qos knobs refused", pod=ref, errors=[str(e) for e in report.errors[:5]])
+
+
+def _knob_values(plan: LevelPlan) -> Tuple[Tuple[str, int], ...]:
+    """The level's knobs as ``(name, value)``, pod and container files alike, once each."""
+    return tuple(dict.fromkeys((s.knob.name, s.value) for s in plan.pod + plan.container))
+
+
+def _lacking(wanted: LevelPlan, planned: LevelPlan) -> Tuple[str, ...]:
+    have = {s.knob.name for s in planned.pod + planned.container}
+    return tuple(dict.fromkeys(s.knob.name for s in wanted.pod + wanted.container if s.knob.name not in have))
 
 
 def _uid_of(config: Any) -> str:

@@ -33,6 +33,7 @@ from typing import Any, Container, Dict, List, Optional, Sequence, Set, Tuple
 
 import structlog
 
+from anolisnuma.decision_events import DecisionEvents, NumaMoveFailed, NumaPlaced, PodRef, no_events
 from anolisnuma.policies.numa.balance import (
     NoPlacement, Placement, PodRequest, balance, free_capacity, millicpu_of, node_capacity, pin)
 from anolisnuma.policies.numa.config import NumaConfig
@@ -122,6 +123,7 @@ class PlacementService(PodStateHolder):
         self._cluster_rules: List[PinRule] = []
         self._rules_dirty = False        # rules changed since running pods were last re-pinned
         self._rule_failures: Dict[str, str] = {}   # pod uid -> why its rule could not be applied
+        self.decisions: DecisionEvents = no_events   # told each placement and failed move (the daemon wires it)
         self.reload_rules()
         self._load_state()
 
@@ -202,6 +204,9 @@ class PlacementService(PodStateHolder):
         self.follow_pool()
         kstate = self._kubelet
         if kstate.is_exclusive(pod.uid, share.name):
+            own = kstate.entries[pod.uid][share.name]
+            self.decisions(NumaPlaced(PodRef(pod.namespace, pod.name, pod.uid), self.topology.nodes_of_cpus(own),
+                                      str(own), "", "kubelet-exclusive", container=share.name))
             return Answer(note="kubelet-exclusive CPUs; left alone")
         with self._lock:
             pool = self.ledger.pool
@@ -248,6 +253,10 @@ class PlacementService(PodStateHolder):
             note += f" mems {mems}"
         if decided is not None:
             note += f" ({alloc.source}: {decided.reason})"
+            self.decisions(NumaPlaced(PodRef(pod.namespace, pod.name, pod.uid), tuple(alloc.nodes), str(cpus),
+                                      str(mems) if mems is not None else "", alloc.source,
+                                      rule=sel.rule.source if alloc.source == "rule" and sel.rule else "",
+                                      detail=decided.reason))
         return Answer(cpus=cpus, mems=mems, note=note)
 
     def container_created(self, pod_uid: str, container_name: str, container_id: str,
@@ -491,7 +500,7 @@ class PlacementService(PodStateHolder):
             if alloc is None or alloc.pod_uid not in self._moves:
                 return False
             mv = self._moves.pop(alloc.pod_uid)
-            new_nodes = alloc.nodes
+            new_nodes, moved_by = alloc.nodes, alloc.source
             if alloc.source == "rule":   # (not retried until the rules change again)
                 self._rule_failures[alloc.pod_uid] = f"re-pin failed and was rolled back: {error or 'error'}"
             self.ledger.move(alloc.pod_uid, Placement(nodes=mv.nodes, home=mv.home, cpus=mv.home & self.ledger.pool,
@@ -506,6 +515,9 @@ class PlacementService(PodStateHolder):
         log.warning("live NUMA move failed; pod rolled back", pod=alloc.ref, pod_uid=alloc.pod_uid,
                     from_nodes=list(new_nodes), back_to=list(mv.nodes), container_id=container_id,
                     error=error or None, repin_back=sorted(mv.applied) or None)
+        if moved_by != "rule":   # (a rule's failure is told by the cluster side's NumaRuleFailed)
+            self.decisions(NumaMoveFailed(PodRef(alloc.namespace, alloc.name, alloc.pod_uid), tuple(new_nodes),
+                                          tuple(mv.nodes), error, mv.reason))
         return True
 
     def _move_progress(self, alloc: Allocation) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import structlog
 
 from anolisnuma.controller import Controller
+from anolisnuma.decision_events import DecisionEvents, NumaMoved, PodRef, no_events
 from anolisnuma.pipeline.metrics import Counters
 from anolisnuma.policies.numa.affinity import AffinityGraph, Move, MoveConstraints, PodPlacement, free_millicpu, plan_moves
 from anolisnuma.policies.numa.config import AffinityConfig
@@ -116,6 +117,7 @@ class AffinityController(Controller, PodStateHolder):
         self.counters = Counters()
         self.last_moved: Dict[str, float] = {}
         self.last_moves: List[Move] = []
+        self.decisions: DecisionEvents = no_events   # told each move kept (the NUMA hook wires it)
         # The graph and last_moved are edited by the pass and by a Reaper's forget (from
         # another thread): each holds this while it does (no I/O under it).
         self._caches = threading.Lock()
@@ -163,6 +165,7 @@ class AffinityController(Controller, PodStateHolder):
             cooldown=self.config.cooldown_seconds, now=now, last_moved=last_moved)
         moves = plan_moves(self.placement.topology, placements, affine, constraints)
         made: List[Move] = []
+        peers: Dict[str, str] = {}
         refused_plans = set()
         for m in moves:
             a = allocs[m.pod]
@@ -185,6 +188,7 @@ class AffinityController(Controller, PodStateHolder):
             with self._caches:
                 self.last_moved[m.pod] = now
             made.append(m)
+            peers[m.pod] = fields["partner"]
             log.info("affinity move", **fields)
         if made and self.apply is not None:
             self.apply()
@@ -195,6 +199,8 @@ class AffinityController(Controller, PodStateHolder):
             if a is not None and tuple(a.nodes) == tuple(m.to_nodes):
                 kept.append(m)
                 self.counters.add("moves")
+                self.decisions(NumaMoved(PodRef(a.namespace, a.name, m.pod), tuple(m.from_nodes), tuple(m.to_nodes),
+                                         peers[m.pod], m.reason.bytes_per_second, m.reason.kind))
             else:
                 self.counters.add("moves_rolled_back")
                 log.warning("affinity move rolled back (its re-pin failed)", pod_uid=m.pod, to_nodes=list(m.to_nodes))

@@ -15,6 +15,7 @@ A pass over pods where nothing drifted costs one small read per managed file and
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import errno
 import threading
@@ -24,6 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 import structlog
 
 from anolisnuma.controller import Controller
+from anolisnuma.decision_events import DecisionEvents, QosApplied, no_events
 from anolisnuma.policies.qos.levels import QosLevel
 from anolisnuma.policies.qos.plan import KnobSetting, sched_core_conflict
 from anolisnuma.system import knobs
@@ -78,6 +80,7 @@ class ManagedPod:
     sandbox_ids: Set[str] = field(default_factory=set)
     containers: Dict[str, ManagedContainer] = field(default_factory=dict)
     applied: bool = False
+    told: Optional[QosApplied] = None         # the decision, told once its knobs are first applied
 
 
 @dataclass
@@ -233,6 +236,7 @@ class QosApplier:
         self.resctrl_ready: Set[str] = set()              # groups that exist
         self._qos_dir_targets: Dict[Any, List[FileTarget]] = {}
         self._root_targets: Optional[List[FileTarget]] = None
+        self.decisions: DecisionEvents = no_events   # told each pod's level (the QoS hook wires it)
 
     # ------------------------------------------------------------------ one file
     def ensure(self, t: FileTarget, ref: str, report: ApplyReport, compare: bool = True) -> Outcome:
@@ -317,13 +321,25 @@ class QosApplier:
 
     def apply_pod(self, pod: ManagedPod, compare: bool = True) -> ApplyReport:
         report = ApplyReport()
+        first = not pod.applied
         if pod.targets:
             self.ensure_all(pod.targets, pod.ref, report, compare)
         elif not self.cgroups.exists(pod.cgroup.rel) and not self.cgroups.exists(pod.cgroup.rel, "memory"):
             report.gone = True
         if not report.gone:
             pod.applied = True
+            # Told once: at creation, or when a pass first finds the values not there yet
+            # (a pod whose values a restart finds in place was told before the restart).
+            if first and pod.told is not None and (not compare or report.written or report.errors):
+                told, pod.told = pod.told, None
+                self._tell(pod, told, report)
         return report
+
+    def _tell(self, pod: ManagedPod, told: QosApplied, report: ApplyReport) -> None:
+        missing = tuple(t.knob.name for t in pod.targets if t.missing_logged)
+        self.decisions(dataclasses.replace(
+            told, knobs=tuple(k for k in told.knobs if k[0] not in missing), lacking=told.lacking + missing,
+            refused=tuple(str(e)[:200] for e in report.errors[:3])))
 
     def apply_container(self, pod: ManagedPod, ctr: ManagedContainer, compare: bool = True) -> ApplyReport:
         report = ApplyReport()

@@ -113,11 +113,13 @@ def _toml_value(v: Any) -> str:
         return json.dumps(v)  # a JSON string is a valid TOML basic string
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # inside a list: an array of tables, e.g. [[numa.pin]]
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
 def to_toml(data: Dict[str, Any], prefix: str = "") -> str:
-    """A minimal TOML writer for nested dicts of scalars and lists (enough for configs)."""
+    """A minimal TOML writer for nested dicts of scalars, lists and lists of tables (enough for configs)."""
     lines: List[str] = []
     tables = []
     for k, v in data.items():
