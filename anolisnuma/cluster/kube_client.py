@@ -39,7 +39,6 @@ ALL_NAMESPACES = "*"
 
 _group, _version = OENUMA_API_VERSION.split("/")
 Oenuma = create_namespaced_resource(_group, _version, OENUMA_KIND, "oenumas")
-NRT_API_VERSION = "topology.node.k8s.io/v1alpha2"
 NodeResourceTopology = create_global_resource("topology.node.k8s.io", "v1alpha2", "NodeResourceTopology",
                                               "noderesourcetopologies")
 

@@ -22,6 +22,7 @@ from anolisnuma.decision_events import DecisionEvents, no_events
 
 if TYPE_CHECKING:
     from anolisnuma.cluster.pod_events import PodEventSink
+    from anolisnuma.cluster.topology_publisher import TopologyPublisher
 
 log = structlog.get_logger("anolisnuma.cluster")
 
@@ -38,6 +39,7 @@ class ClusterLink:
         from anolisnuma.cluster.pod_events import PodEventSink
         from anolisnuma.cluster.report import StatusReporter
         from anolisnuma.cluster.sync import ClusterSync
+        from anolisnuma.cluster.topology_publisher import TopologyPublisher
         from anolisnuma.cluster.watcher import OenumaWatcher
 
         kubeconfig = load_kubeconfig(config.kubeconfig)
@@ -61,19 +63,25 @@ class ClusterLink:
         self.watcher = OenumaWatcher(KubeClient(kubeconfig, timeout), self.crs,
                                      self.sync.wake, watch_timeout=config.watch_timeout_seconds,
                                      backoff_max=config.backoff_max_seconds)
+        self.topology: Optional[TopologyPublisher] = None
+        if config.topology:
+            self.topology = TopologyPublisher(KubeClient(kubeconfig, timeout), placement, node_name,
+                                              config.topology_interval_seconds, config.topology_manager_policy,
+                                              config.topology_manager_scope)
         saved = self.rules_file.load(node_name)
         self.saved_crs = len(saved or ())
         if saved:
             self.crs.replace(saved)
             self.sync.use_rules(persist=False)
         log.info("Oenuma CRs watched from the API server", server=kubeconfig.server, node_name=node_name,
-                 saved_crs=self.saved_crs, rules=len(self.rules()), status=config.write_status)
+                 saved_crs=self.saved_crs, rules=len(self.rules()), status=config.write_status,
+                 topology=config.topology)
 
     def controllers(self, wake_repin: Callable[[], None]) -> List[Controller]:
-        """The watch loop and the rules loop; ``wake_repin()`` makes the re-pinner apply
-        the re-pins the rules caused at once."""
+        """The watch loop and the rules loop (and the events and topology loops when on);
+        ``wake_repin()`` makes the re-pinner apply the re-pins the rules caused at once."""
         self._wake_repin = wake_repin
-        return [self.watcher, self.sync] + ([self.events] if self.events is not None else [])
+        return [self.watcher, self.sync] + [c for c in (self.events, self.topology) if c is not None]
 
     def decision_events(self) -> DecisionEvents:
         """The sink for the policies' decisions about pods: events on the pods when
@@ -91,7 +99,8 @@ class ClusterLink:
                 "crs_naming_node": len(self.sync.current),
                 "crs_skipped": [cr.ref for cr in self.sync.current if cr.error],
                 "rules": self.rules(), **self.sync.counts(), **(self.events.counts() if self.events else {}),
-                **({"pod_events": self.pod_events.counts()} if self.pod_events is not None else {})}
+                **({"pod_events": self.pod_events.counts()} if self.pod_events is not None else {}),
+                **({"topology": self.topology.topology_status()} if self.topology is not None else {})}
 
 
 def cluster_link(config: Optional[KubernetesConfig], placement: Any, state_dir: str,
