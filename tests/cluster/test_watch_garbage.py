@@ -146,6 +146,8 @@ def test_events_update_the_crs_and_410_relists(server) -> None:
     w.run_once()
     assert w.resource_version == "9" and crs.seen == 2 and crs.mine()[1][0]["spec"] == changed["spec"]
     assert w.bookmarks == 1 and w.events == 2
+    watch = [r for r in script.requests if "watch=true" in r][-1]
+    assert "allowWatchBookmarks=true" in watch and "resourceVersion=5" in watch   # (lightkube has no parameter for it)
     script.watch = lambda h: h.reply(200, b"", chunks=events(
         {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}))
     w.run_once()

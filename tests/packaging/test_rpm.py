@@ -34,7 +34,7 @@ NATIVE = platform.machine()
 FOREIGN = {"x86_64": "aarch64", "aarch64": "x86_64"}.get(NATIVE, "")
 LOCAL = "%d.%d" % sys.version_info[:2]
 # The runtime dependencies and a module each provides (pyproject.toml's [project] dependencies).
-RUNTIME_MODULES = ["h2", "google.protobuf", "hpack", "structlog", "psutil", "pyroute2", "yaml",
+RUNTIME_MODULES = ["h2", "google.protobuf", "hpack", "structlog", "psutil", "pyroute2", "yaml", "lightkube",
                    "prometheus_client"]
 
 pytestmark = [
