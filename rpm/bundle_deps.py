@@ -178,6 +178,28 @@ def resolve(args: argparse.Namespace) -> List[Tuple[str, Version, str]]:
     raise SystemExit(f"bundle: the requirements of {args.pyproject} do not settle for cp{args.python_version}/{args.arch}")
 
 
+# What the wheels ship that never runs: Cython sources (uvloop's .pyx/.pxd/.pxi) and test
+# suites inside packages (certifi/tests, pulled by httpx on 3.9).
+SOURCE_SUFFIXES = (".pyx", ".pxd", ".pxi")
+TEST_DIRS = ("tests", "test")
+
+
+def prune(site: str) -> List[str]:
+    """Remove what never runs (above) from the installed tree; returns what went."""
+    gone = []
+    for dirpath, dirs, files in os.walk(site):
+        inside_package = os.path.relpath(dirpath, site) != "."   # (never a top-level module)
+        for d in [d for d in dirs if inside_package and d in TEST_DIRS]:
+            shutil.rmtree(os.path.join(dirpath, d))
+            dirs.remove(d)
+            gone.append(os.path.join(dirpath, d))
+        for fn in files:
+            if fn.endswith(SOURCE_SUFFIXES):
+                os.unlink(os.path.join(dirpath, fn))
+                gone.append(os.path.join(dirpath, fn))
+    return gone
+
+
 def check_extensions(site: str, arch: str, python_version: str) -> None:
     xy = python_version.replace(".", "")
     for dirpath, _dirs, files in os.walk(site):
@@ -223,6 +245,7 @@ def main() -> int:
         if "__pycache__" in dirs:
             shutil.rmtree(os.path.join(dirpath, "__pycache__"))
             dirs.remove("__pycache__")
+    prune(args.target)
     check_extensions(args.target, args.arch, args.python_version)
     for name, version, _path in dists:
         print(f"{name}=={version}")

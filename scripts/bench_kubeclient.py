@@ -14,7 +14,10 @@ and the standard library's http.client + json as the floor:
   (default 2000), from the first to the last one received.
 
 Each candidate runs in a virtualenv of its own under /tmp/anolisnuma-kubeclient-<name>
-(made with pip on first use), in a child process of its own.
+(made with pip on first use), in a child process of its own. ``anolisnuma`` is the
+daemon's own path (``anolisnuma/cluster/kube_client.py``: lightkube behind the bounded
+transport, the list and watch its watcher makes) with the lightkube of the Python running
+this script.
 
     python3 scripts/bench_kubeclient.py [--crs 1000] [--events 2000] [--runs 3]
 """
@@ -37,13 +40,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane  # noqa: E402
 
 # The last releases that install on Python 3.9 (kubernetes 36, kubernetes-asyncio 34 and
-# lightkube 1.0 need 3.10).
+# lightkube 1.0 need 3.10), and lightkube 1.0, what pip takes on 3.10+.
 CANDIDATES = {
     "stdlib": [],
     "kubernetes": ["kubernetes==35.0.0"],
     "kubernetes-asyncio": ["kubernetes-asyncio==33.3.0"],
     "lightkube": ["lightkube==0.22.0"],
+    "lightkube-1.0": ["lightkube==1.0.1"],
+    "anolisnuma": [],
 }
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GROUP, VERSION, PLURAL = "resource.sop.huawei.com", "v1alpha1", "oenumas"
 NAMESPACE = "bench"
 
@@ -127,7 +133,19 @@ elif lib == "kubernetes-asyncio":
                     break
     uvloop.install()
     asyncio.run(main())
-elif lib == "lightkube":
+elif lib == "anolisnuma":
+    sys.path.insert(0, os.environ["ANOLISNUMA_REPO"])
+    from anolisnuma.cluster.kube_client import KubeClient
+    from anolisnuma.cluster.kubeconfig import load_kubeconfig
+    client = KubeClient(load_kubeconfig(kubeconfig), 60.0)
+    state["rss_import"] = rss()
+    listing = client.list_oenumas(500)
+    items = list(listing)
+    ready(listing.resource_version)
+    for kind, obj in client.watch_oenumas(listing.resource_version, 600):
+        if count(kind):
+            break
+elif lib.startswith("lightkube"):
     from lightkube import Client, KubeConfig
     from lightkube.generic_resource import create_namespaced_resource
     Oenuma = create_namespaced_resource(G, V, "Oenuma", P)
@@ -184,7 +202,7 @@ def patch_loop(cp: PrivateControlPlane, crs: int, events: int) -> None:
 
 def measure(cp: PrivateControlPlane, name: str, py: str, crs: int, events: int) -> Dict[str, Any]:
     child = subprocess.Popen([py, "-c", CHILD, name, cp.admin_kubeconfig, str(events)], stdout=subprocess.PIPE,
-                             text=True)
+                             text=True, env=dict(os.environ, ANOLISNUMA_REPO=REPO))
     assert child.stdout is not None
     line = child.stdout.readline()
     if not line.startswith("READY"):

@@ -62,6 +62,9 @@ Families (all prefixed ``anolisnuma_``):
                                           pods queued for the policies' decisions
 ``cluster_status_applies_total``          outcome (ok, failed): server-side applies of
                                           the CRs' status
+``cluster_topology_publishes_total``      outcome (ok, failed): server-side applies of the
+                                          node's NodeResourceTopology (``topology = true``)
+``cluster_topology_last_publish_timestamp_seconds``  the last one that succeeded
                                           (no ``cluster_`` family when ``[kubernetes]`` is
                                           off)
 ``metrics_connections_total``             outcome: what became of connections to the
@@ -305,6 +308,17 @@ class DaemonCollector:
             applies.add_metric(["ok"], st["status_writes"] + st.get("status_removals", 0))
             applies.add_metric(["failed"], st.get("status_failures", 0))
             yield applies
+        topo = st.get("topology")
+        if topo is not None:   # ([kubernetes] topology = true)
+            publishes = CounterMetricFamily(P + "cluster_topology_publishes", "server-side applies of this node's "
+                                                                              "NodeResourceTopology", labels=["outcome"])
+            publishes.add_metric(["ok"], topo.get("publishes", 0))
+            publishes.add_metric(["failed"], topo.get("failures", 0))
+            yield publishes
+            if topo.get("last_publish"):
+                yield GaugeMetricFamily(P + "cluster_topology_last_publish_timestamp_seconds",
+                                        "when this node's NodeResourceTopology was last published (Unix time)",
+                                        value=topo["last_publish"])
 
 
 def _histogram(stats: LatencyStats, count_name: str, seconds_name: str, doc: str,

@@ -6,8 +6,10 @@ API server, whatever state it is in.
 
 - ``config.py``: the ``[kubernetes]`` section;
 - ``kubeconfig.py``: the node's credentials file (server, CA, token or client certificate);
-- ``api.py``: the daemon's own HTTPS client for the few requests it makes (list, watch,
-  server-side apply), every request with a deadline and every reply with a size bound;
+- ``kube_client.py``: the few requests the daemon makes (list, watch, server-side apply,
+  events), made with lightkube, imported only when ``[kubernetes] kubeconfig`` is set;
+  ``bounded_transport.py``: a deadline on every request and a size bound on every reply
+  and watch event, under lightkube's HTTP client;
 - ``oenumas.py``: the Oenuma CRs seen (only what concerns this node is kept), their rules
   for the rules engine (``policies/numa/rules.py``), and the last ones persisted;
 - ``watcher.py``: the ``cluster-watch`` loop (list + watch, bookmarks, relist on 410 Gone,

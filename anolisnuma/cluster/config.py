@@ -9,14 +9,22 @@ watch_timeout_seconds = 300.0      # a watch is re-made after this long (the ser
 backoff_max_seconds = 60.0         # reconnect delays double from 0.5 s up to this (+-20 %)
 write_status = true                # report what this node did in each CR's status
 events = true                      # events on pods (placed, moved, re-pinned, QoS) and malformed CRs
+topology = false                   # publish this node's NUMA zones as a NodeResourceTopology
+topology_interval_seconds = 10.0   # looked at this often; published only when changed
+topology_manager_policy = "none"   # the kubelet's --topology-manager-policy, published for the scheduler
+topology_manager_scope = "container"   # the kubelet's --topology-manager-scope (container, pod)
 ```
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 from anolisnuma.configfile import ConfigError, Table
+
+TOPOLOGY_MANAGER_POLICIES: Tuple[str, ...] = ("none", "best-effort", "restricted", "single-numa-node")
+TOPOLOGY_MANAGER_SCOPES: Tuple[str, ...] = ("container", "pod")
 
 
 @dataclass
@@ -28,6 +36,10 @@ class KubernetesConfig:
     backoff_max_seconds: float = 60.0
     write_status: bool = True
     events: bool = True
+    topology: bool = False
+    topology_interval_seconds: float = 10.0
+    topology_manager_policy: str = "none"
+    topology_manager_scope: str = "container"
 
     @property
     def enabled(self) -> bool:
@@ -49,6 +61,10 @@ class KubernetesConfig:
             backoff_max_seconds=t.float("backoff_max_seconds", 60.0, min=0.5, max=3600),
             write_status=t.bool("write_status", True),
             events=t.bool("events", True),
+            topology=t.bool("topology", False),
+            topology_interval_seconds=t.float("topology_interval_seconds", 10.0, min=1, max=3600),
+            topology_manager_policy=t.str("topology_manager_policy", "none", choices=TOPOLOGY_MANAGER_POLICIES),
+            topology_manager_scope=t.str("topology_manager_scope", "container", choices=TOPOLOGY_MANAGER_SCOPES),
         )
         t.finish()
         return cfg

@@ -20,13 +20,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import urllib.parse
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, Tuple
 
 import structlog
 
-from anolisnuma.cluster.api import ApiClient, ApiError
+from anolisnuma.cluster.kube_client import ApiError, KubeClient
 from anolisnuma.controller import Controller
 
 log = structlog.get_logger("anolisnuma.cluster")
@@ -70,7 +69,7 @@ class EventRecorder(Controller):
     name = "cluster-events"
     interval = 0.0   # when woken
 
-    def __init__(self, client: ApiClient, node_name: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, client: KubeClient, node_name: str, clock: Callable[[], float] = time.time) -> None:
         super().__init__()
         self.client = client
         self.node_name = node_name
@@ -124,15 +123,12 @@ class EventRecorder(Controller):
 
     def _send(self, event: Event, when: float) -> None:
         r = event.regarding
-        ns = urllib.parse.quote(r.namespace or "default", safe="")
+        ns = r.namespace or "default"
         known = self._series.get(event)
         if known is not None and when - known[3] < SERIES_WINDOW:
             name, first, count, _ = known
-            body = {"series": {"count": count + 1, "lastObservedTime": micro_time(when)}}
             try:
-                self.client.request("PATCH", f"/apis/events.k8s.io/v1/namespaces/{ns}/events/"
-                                             f"{urllib.parse.quote(name, safe='')}", body,
-                                    content_type="application/merge-patch+json")
+                self.client.patch_event_series(ns, name, count + 1, micro_time(when))
                 self._series[event] = (name, first, count + 1, when)
                 self._series.move_to_end(event)
                 self.aggregated += 1
@@ -143,20 +139,15 @@ class EventRecorder(Controller):
         regarding = {"kind": r.kind, "apiVersion": r.api_version, "namespace": r.namespace, "name": r.name}
         if r.uid:
             regarding["uid"] = r.uid
-        made = self.client.request("POST", f"/apis/events.k8s.io/v1/namespaces/{ns}/events", {
-            "apiVersion": "events.k8s.io/v1", "kind": "Event",
-            # (named as client-go names them: the object's name and the time in hex; the count
-            # of events sent keeps two of one nanosecond apart)
-            "metadata": {"name": f"{r.name[:200]}.{int(when * 1e9) + self.sent:x}",
-                         "namespace": r.namespace or "default"},
-            "eventTime": micro_time(when), "type": event.type, "reason": event.reason, "action": event.action,
-            "note": event.note[:1024], "regarding": regarding, "reportingController": REPORTING_CONTROLLER,
-            "reportingInstance": f"anolisnuma-{self.node_name}"[:128]})
-        name = (made.get("metadata") or {}).get("name") if isinstance(made, dict) else None
-        if isinstance(name, str):
-            self._series[event] = (name, micro_time(when), 1, when)
-            while len(self._series) > MAX_SERIES_KEPT:
-                self._series.popitem(last=False)
+        # (named as client-go names them: the object's name and the time in hex; the count
+        # of events sent keeps two of one nanosecond apart)
+        name = self.client.create_event(
+            ns, f"{r.name[:200]}.{int(when * 1e9) + self.sent:x}", when, regarding, type=event.type,
+            reason=event.reason, action=event.action, note=event.note[:1024],
+            reportingController=REPORTING_CONTROLLER, reportingInstance=f"anolisnuma-{self.node_name}"[:128])
+        self._series[event] = (name, micro_time(when), 1, when)
+        while len(self._series) > MAX_SERIES_KEPT:
+            self._series.popitem(last=False)
         self.sent += 1
 
     def closed(self) -> None:

@@ -1,23 +1,29 @@
 """The node's credentials for the API server, read from a kubeconfig file.
 
-The daemon reads the subset a node's credentials file needs: the current context's
-cluster (``server``, ``certificate-authority`` or ``-data``) and user (``token``,
-``tokenFile``, or ``client-certificate``/``client-key`` and their ``-data``). Exec plugins
-and auth providers would run commands or reach identity providers from the CRI proxy:
-they are refused, naming the key, as is ``insecure-skip-tls-verify``. A ``tokenFile`` is
-read again for every connection, so a rotated token is picked up without a restart.
+lightkube parses the kubeconfig (``KubeConfig``) and makes the TLS context and the
+credentials from it (``kube_client.py``); this module reads the file first (size-bounded)
+and checks what an operator must be told about in words, naming the file and the key:
+a missing or garbage file, no usable context, a server that is not ``https://``, and what
+the daemon refuses although lightkube would take it. Exec plugins and auth providers would
+run commands or reach identity providers from the CRI proxy, and
+``insecure-skip-tls-verify`` would trust any server: they are refused, naming the key.
 
-Relative file names are resolved against the kubeconfig's directory, as kubectl does.
+Relative file names are resolved against the kubeconfig's directory, as kubectl does
+(lightkube does so for the CA and client certificate, not for ``tokenFile``: we make it
+absolute before handing the document over). A ``tokenFile`` is read at the first request
+and again whenever the API server answers 401, so a rotated token is picked up without a
+restart.
+
+Importing this module does not import lightkube (``anolisnuma-ctl kubeconfig`` renders
+with it); :meth:`Kubeconfig.lightkube_config` does.
 """
 
 from __future__ import annotations
 
 import base64
 import os
-import ssl
-import tempfile
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict
 
 import yaml
@@ -30,48 +36,27 @@ class KubeconfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class Credentials:
-    """Where the API server is and how to prove who we are."""
+class Kubeconfig:
+    """A checked kubeconfig: its current context only, relative paths made absolute."""
 
-    host: str
-    port: int
-    ca_pem: str                 # "" = the system's trust store
-    token: str = ""
+    server: str                  # https://host:port
+    source: str                  # the file it came from
+    doc: Dict[str, Any] = field(repr=False, compare=False)
     token_file: str = ""
-    cert_pem: str = ""
-    key_pem: str = ""
-    source: str = ""
 
-    @property
-    def server(self) -> str:
-        return f"https://{self.host}:{self.port}"
+    def lightkube_config(self) -> Any:
+        """lightkube's ``SingleConfig`` of the current context; raises :class:`KubeconfigError`."""
+        from lightkube.config.kubeconfig import KubeConfig
+        from lightkube.core.exceptions import ConfigError
 
-    def bearer(self) -> str:
-        """The token to send ("" for a client certificate); a token file is read now."""
-        if self.token_file:
-            try:
-                with open(self.token_file) as f:
-                    return f.read(MAX_FILE).strip()
-            except OSError as e:
-                raise KubeconfigError(f"{self.source}: tokenFile {self.token_file}: {e.strerror}") from e
-        return self.token
-
-    def ssl_context(self) -> ssl.SSLContext:
-        """A TLS client context that checks the server against the CA (and host name)."""
-        # (with a CA given, only it is trusted; else the system's store)
-        ctx = ssl.create_default_context(cadata=self.ca_pem or None)
-        if self.cert_pem:
-            # load_cert_chain reads files only: a private temporary file, removed at once
-            with tempfile.NamedTemporaryFile("w", prefix="anolisnuma-kube-", suffix=".pem") as f:
-                os.chmod(f.name, 0o600)
-                f.write(self.cert_pem + "\n" + self.key_pem + "\n")
-                f.flush()
-                ctx.load_cert_chain(f.name)
-        return ctx
+        try:
+            return KubeConfig.from_dict(self.doc, fname=self.source).get()
+        except (ConfigError, KeyError, TypeError, ValueError) as e:
+            raise KubeconfigError(f"{self.source}: {e}") from e
 
 
-def load_kubeconfig(path: str) -> Credentials:
-    """The credentials of ``path``'s current context; raises :class:`KubeconfigError`."""
+def load_kubeconfig(path: str) -> Kubeconfig:
+    """The checked kubeconfig of ``path``; raises :class:`KubeconfigError`."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_FILE + 1)
@@ -86,8 +71,10 @@ def load_kubeconfig(path: str) -> Credentials:
     return parse_kubeconfig(doc, path)
 
 
-def parse_kubeconfig(doc: Any, path: str) -> Credentials:
-    base = os.path.dirname(os.path.abspath(path))
+def parse_kubeconfig(doc: Any, path: str) -> Kubeconfig:
+    """The checks of the module docstring on a decoded kubeconfig."""
+    path = os.path.abspath(path)
+    base = os.path.dirname(path)
     if not isinstance(doc, dict):
         raise KubeconfigError(f"{path}: not a mapping")
     context_name = doc.get("current-context")
@@ -97,16 +84,18 @@ def parse_kubeconfig(doc: Any, path: str) -> Credentials:
     if context_name:
         if context_name not in contexts:
             raise KubeconfigError(f"{path}: current-context {context_name!r} is not among the contexts")
-        context = contexts[context_name]
     elif len(contexts) == 1:
-        context = next(iter(contexts.values()))
+        context_name = next(iter(contexts))
     else:
         raise KubeconfigError(f"{path}: several contexts and no current-context")
+    context = contexts[context_name]
     clusters, users = _named(doc, "clusters", path), _named(doc, "users", path)
     cluster = clusters.get(context.get("cluster"))
     if cluster is None:
         raise KubeconfigError(f"{path}: context's cluster {context.get('cluster')!r} is not among the clusters")
-    user = users.get(context.get("user"), {}) if context.get("user") else {}
+    if not context.get("user") or context["user"] not in users:
+        raise KubeconfigError(f"{path}: context's user {context.get('user')!r} is not among the users")
+    user = dict(users[context["user"]])
     if cluster.get("insecure-skip-tls-verify"):
         raise KubeconfigError(f"{path}: clusters[].cluster.insecure-skip-tls-verify is refused: "
                               "give the API server's CA (certificate-authority)")
@@ -122,21 +111,25 @@ def parse_kubeconfig(doc: Any, path: str) -> Credentials:
         raise KubeconfigError(f"{path}: clusters[].cluster.server must be an https:// URL; got {server!r}")
     if url.path not in ("", "/"):
         raise KubeconfigError(f"{path}: clusters[].cluster.server with a path is not supported; got {server!r}")
-    ca = _pem(cluster, "certificate-authority", base, path)
-    cert = _pem(user, "client-certificate", base, path)
-    key = _pem(user, "client-key", base, path)
-    if bool(cert) != bool(key):
+    _check_file(cluster, "certificate-authority", base, path)
+    has_cert = _check_file(user, "client-certificate", base, path)
+    if has_cert != _check_file(user, "client-key", base, path):
         raise KubeconfigError(f"{path}: users[].user needs both client-certificate and client-key")
     token = user.get("token") or ""
     token_file = user.get("tokenFile") or ""
     if not isinstance(token, str) or not isinstance(token_file, str):
         raise KubeconfigError(f"{path}: users[].user.token and tokenFile must be strings")
-    if token_file and not os.path.isabs(token_file):
-        token_file = os.path.join(base, token_file)
-    if not (token or token_file or cert):
+    if token_file:
+        token_file = os.path.join(base, token_file)   # (an absolute name stays as it is)
+        user["tokenFile"] = token_file
+    if not (token or token_file or has_cert):
         raise KubeconfigError(f"{path}: the context's user has no token, tokenFile or client certificate")
-    return Credentials(host=url.hostname, port=url.port or 443, ca_pem=ca, token=token, token_file=token_file,
-                       cert_pem=cert, key_pem=key, source=path)
+    # what lightkube gets: the current context, its cluster and its user, nothing else
+    one = {"current-context": context_name,
+           "contexts": [{"name": context_name, "context": {"cluster": context["cluster"], "user": context["user"]}}],
+           "clusters": [{"name": context["cluster"], "cluster": cluster}],
+           "users": [{"name": context["user"], "user": user}]}
+    return Kubeconfig(server=f"https://{url.netloc}", source=path, doc=one, token_file=token_file)
 
 
 def _named(doc: Dict[str, Any], key: str, path: str) -> Dict[str, Dict[str, Any]]:
@@ -151,25 +144,28 @@ def _named(doc: Dict[str, Any], key: str, path: str) -> Dict[str, Dict[str, Any]
     return out
 
 
-def _pem(section: Dict[str, Any], key: str, base: str, path: str) -> str:
+def _check_file(section: Dict[str, Any], key: str, base: str, path: str) -> bool:
+    """Whether ``key`` (a file name) or ``key-data`` (base64) is given; a file that cannot
+    be read or data that is not base64 is refused here, where the message can name it."""
     data = section.get(f"{key}-data")
     if data:
         try:
-            return base64.b64decode(data, validate=True).decode("ascii")
+            base64.b64decode(data, validate=True)
         except (ValueError, TypeError) as e:
             raise KubeconfigError(f"{path}: {key}-data is not base64 PEM") from e
+        return True
     name = section.get(key)
     if not name:
-        return ""
+        return False
     if not isinstance(name, str):
         raise KubeconfigError(f"{path}: {key} must be a file name")
-    if not os.path.isabs(name):
-        name = os.path.join(base, name)
+    name = os.path.join(base, name)
     try:
-        with open(name) as f:
-            return f.read(MAX_FILE)
-    except (OSError, UnicodeDecodeError) as e:
-        raise KubeconfigError(f"{path}: {key} {name}: {getattr(e, 'strerror', None) or e}") from e
+        with open(name, "rb"):
+            pass
+    except OSError as e:
+        raise KubeconfigError(f"{path}: {key} {name}: {e.strerror}") from e
+    return True
 
 
 def render_kubeconfig(server: str, ca_pem: str, token_file: str = "", token: str = "",

@@ -14,12 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-import urllib.parse
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import structlog
 
-from anolisnuma.cluster.api import ApiClient, ApiError
+from anolisnuma.cluster.kube_client import ApiError, KubeClient
 from anolisnuma.cluster.events import Event, EventRecorder, pod_regarding
 from anolisnuma.cluster.oenumas import CrRules, Key
 from anolisnuma.cluster.status import apply_body, node_entry
@@ -27,7 +26,6 @@ from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND
 
 log = structlog.get_logger("anolisnuma.cluster")
 
-APPLY = "application/apply-patch+yaml"   # JSON is YAML
 MAX_TOLD = 1024
 
 
@@ -47,7 +45,7 @@ def rfc3339(t: float) -> str:
 class StatusReporter:
     """``StatusReporter(client, node_name)``; :meth:`report` once per pass of the rules loop."""
 
-    def __init__(self, client: ApiClient, node_name: str, clock: Callable[[], float] = time.time,
+    def __init__(self, client: KubeClient, node_name: str, clock: Callable[[], float] = time.time,
                  events: Optional[EventRecorder] = None) -> None:
         self.client = client
         self.events = events
@@ -144,12 +142,9 @@ class StatusReporter:
 
     def _apply(self, cr: CrRules, entry: Optional[Dict[str, Any]]) -> bool:
         ns, name = cr.key
-        path = (f"/apis/{OENUMA_API_VERSION}/namespaces/{urllib.parse.quote(ns, safe='')}/oenumas/"
-                f"{urllib.parse.quote(name, safe='')}/status?"
-                + urllib.parse.urlencode({"fieldManager": self.manager, "force": "true"}))
         body = apply_body(cr, entry, self.node_name, rfc3339(self.clock()), OENUMA_API_VERSION, OENUMA_KIND)
         try:
-            self.client.request("PATCH", path, body, content_type=APPLY)
+            self.client.apply_oenuma_status(ns, name, body, self.manager)
         except ApiError as e:
             if e.status == 404:
                 return entry is None   # the CR is gone: nothing left to report on

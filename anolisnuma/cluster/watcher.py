@@ -1,37 +1,37 @@
 """``OenumaWatcher``: the ``cluster-watch`` loop, the Oenuma CRs of the API server kept
 current by list and watch.
 
-One pass is one session: a full list (paginated) when there is no resourceVersion to go on
-from, then one watch from that resourceVersion with bookmarks, until the server ends it
-(``timeoutSeconds``, jittered so that a cluster's nodes do not come back all at once) or it
-fails. Each event updates the :class:`~anolisnuma.cluster.oenumas.OenumaSet` and, when a
-CR naming this node changed, wakes the rules loop; nothing is queued, so a flood of events
-costs CPU on this thread and no memory. A watch answered with 410 Gone (the
-resourceVersion is older than the server keeps) is followed at once by a relist. Any other
-failure (refused, cut, timed out, silent past the idle limit, garbage) keeps the last CRs
-seen, so the rules stay in force, and the session is tried again after a delay that
-doubles from 0.5 s up to ``backoff_max_seconds``, give or take 20 %.
+One pass is one session: a full list (in pages, through lightkube) when there is no
+resourceVersion to go on from, then a watch from that resourceVersion with bookmarks
+(``kube_client.py``), until the server ends it (``timeoutSeconds``, jittered so that a
+cluster's nodes do not come back all at once) or it fails. Each event updates the
+:class:`~anolisnuma.cluster.oenumas.OenumaSet` and, when a CR naming this node changed,
+wakes the rules loop; nothing is queued, so a flood of events costs CPU on this thread and
+no memory. A watch answered with 410 Gone (the resourceVersion is older than the server
+keeps) is followed at once by a relist. Any other failure (refused, cut, timed out, silent
+past the idle limit, ended at once, garbage) keeps the last CRs seen, so the rules stay in
+force, and the session is tried again after a delay that doubles from 0.5 s up to
+``backoff_max_seconds``, give or take 20 %.
 """
 
 from __future__ import annotations
 
 import random
 import time
-import urllib.parse
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict
 
 import structlog
 
-from anolisnuma.cluster.api import ApiClient, ApiError, WatchStream
+from anolisnuma.cluster.kube_client import ApiError, KubeClient
 from anolisnuma.cluster.oenumas import OenumaSet, resource_version
 from anolisnuma.controller import Controller
-from anolisnuma.policies.numa.rules import OENUMA_API_VERSION
 
 log = structlog.get_logger("anolisnuma.cluster")
 
-OENUMAS_PATH = f"/apis/{OENUMA_API_VERSION}/oenumas"
 LIST_PAGE = 500
+LIST_RESTARTS = 3      # a list whose continue token expired (410) is started again, this often
 BACKOFF_FIRST = 0.5
+IDLE_MARGIN = 30.0     # a watch silent this long past its timeoutSeconds is a dead connection
 # A watch that ends this soon without an event counts as a failure (a server that ends
 # every watch at once must not make the loop spin).
 SHORT_WATCH_SECONDS = 1.0
@@ -43,7 +43,7 @@ class OenumaWatcher(Controller):
 
     name = "cluster-watch"
 
-    def __init__(self, client: ApiClient, crs: OenumaSet, on_change: Callable[[], None],
+    def __init__(self, client: KubeClient, crs: OenumaSet, on_change: Callable[[], None],
                  watch_timeout: float = 300.0, backoff_max: float = 60.0,
                  jitter: Callable[[], float] = random.random) -> None:
         super().__init__()
@@ -66,7 +66,7 @@ class OenumaWatcher(Controller):
         self.bookmarks = 0
         self.gone = 0                   # 410 Gone answers, each followed by a relist
         self.failures = 0
-        self._stream: Optional[WatchStream] = None
+        self.watching = False           # a watch is open (or being opened)
 
     # ------------------------------------------------------------------ one session
     def run_once(self) -> None:
@@ -75,36 +75,30 @@ class OenumaWatcher(Controller):
                 self._list()
             self._watch()
         except ApiError as e:
+            if self._stopping:
+                return
+            if e.gone and self.resource_version:
+                self.gone += 1
+                log.info("Oenuma watch expired (410 Gone); listing again", resource_version=self.resource_version,
+                         message=e.message[:300])
+                self.resource_version = ""
+                self.interval = 0.01
+                return
             self._failed(e)
             return
         self.failures_in_a_row = 0
         self.interval = 0.01 if self.resource_version else BACKOFF_FIRST
 
     def _list(self) -> None:
-        items: List[Any] = []
-        cont = ""
-        while True:
-            query = {"limit": str(LIST_PAGE)}
-            if cont:
-                query["continue"] = cont
+        for attempt in range(LIST_RESTARTS + 1):
+            listing = self.client.list_oenumas(LIST_PAGE)
             try:
-                page = self.client.request("GET", f"{OENUMAS_PATH}?{urllib.parse.urlencode(query)}")
-            except ApiError as e:
-                if e.gone and cont:   # the continue token expired: the list starts again
-                    items, cont = [], ""
-                    continue
-                raise
-            if not isinstance(page, dict) or not isinstance(page.get("items"), list):
-                raise ApiError(200, "Garbage", "the list reply has no items")
-            items.extend(page["items"])
-            meta = page.get("metadata") if isinstance(page.get("metadata"), dict) else {}
-            cont = meta.get("continue") or ""
-            if not cont:
-                rv = meta.get("resourceVersion")
+                changed = self.crs.replace(listing)   # (replaces nothing unless the whole list was read)
+                rv = listing.resource_version
                 break
-        if not isinstance(rv, str) or not rv:
-            raise ApiError(200, "Garbage", "the list reply has no resourceVersion")
-        changed = self.crs.replace(items)
+            except ApiError as e:
+                if not e.gone or attempt == LIST_RESTARTS:   # (410: the continue token expired)
+                    raise
         self.resource_version = rv
         self.lists += 1
         self.last_sync = time.time()
@@ -118,37 +112,24 @@ class OenumaWatcher(Controller):
 
     def _watch(self) -> None:
         timeout = int(self.watch_timeout * (1 + self.jitter()))
-        query = {"watch": "1", "allowWatchBookmarks": "true", "resourceVersion": self.resource_version,
-                 "timeoutSeconds": str(timeout)}
-        stream = self.client.watch(f"{OENUMAS_PATH}?{urllib.parse.urlencode(query)}", idle_timeout=timeout + 30)
-        self._stream = stream
+        self.client.transport.watch_idle_timeout = timeout + IDLE_MARGIN
         self.watches += 1
-        started = time.monotonic()
+        self.watching = True
+        started, events = time.monotonic(), 0
         try:
             if self._stopping:
                 return
-            for event in stream:
-                self._event(event)
-                if not self.resource_version:
-                    return   # 410 Gone: relist at once
+            for kind, obj in self.client.watch_oenumas(self.resource_version, timeout):
+                events += 1
+                self._event(kind, obj)
+                if self._stopping:
+                    return
         finally:
-            self._stream = None
-            stream.close()
-        if stream.events == 0 and time.monotonic() - started < SHORT_WATCH_SECONDS and not self._stopping:
+            self.watching = False
+        if events == 0 and time.monotonic() - started < SHORT_WATCH_SECONDS and not self._stopping:
             raise ApiError(200, "WatchEnded", "the server ended the watch at once")
 
-    def _event(self, event: Dict[str, Any]) -> None:
-        kind, obj = event.get("type"), event.get("object")
-        if kind == "ERROR":
-            status = obj if isinstance(obj, dict) else {}
-            if status.get("code") == 410:
-                self.gone += 1
-                log.info("Oenuma watch expired (410 Gone); listing again", resource_version=self.resource_version,
-                         message=str(status.get("message") or "")[:300])
-                self.resource_version = ""
-                return
-            raise ApiError(int(status.get("code") or 0), str(status.get("reason") or "WatchError"),
-                           str(status.get("message") or "")[:300])
+    def _event(self, kind: str, obj: Dict[str, Any]) -> None:
         if kind not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") or not isinstance(obj, dict):
             raise ApiError(200, "Garbage", f"a watch event of type {str(kind)[:40]!r}")
         self.last_event = time.time()
@@ -175,14 +156,11 @@ class OenumaWatcher(Controller):
         (log.warning if was != self.state or self.failures_in_a_row == 1 else log.debug)(
             "API server unavailable; the last Oenuma rules stay in force", error=self.last_error,
             retry_in_seconds=round(self.interval, 2), failures_in_a_row=self.failures_in_a_row)
-        self.client.close()
 
     # ------------------------------------------------------------------ the loop
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
-        stream = self._stream
-        if stream is not None:
-            stream.abort()   # the watch's blocked read returns at once
+        self.client.abort()   # the watch's blocked read returns at once
         super().stop(timeout)
 
     def closed(self) -> None:
@@ -194,7 +172,7 @@ class OenumaWatcher(Controller):
 
     def connection(self) -> Dict[str, Any]:
         """The API server connection, for ``anolisnuma-ctl status``."""
-        return {"server": self.client.credentials.server, "state": self.state, "last_error": self.last_error or None,
+        return {"server": self.client.server, "state": self.state, "last_error": self.last_error or None,
                 "last_sync": self.last_sync or None, "last_event": self.last_event or None,
                 "resource_version": self.resource_version or None, "crs_seen": self.crs.seen,
                 "retry_in_seconds": round(self.interval, 2) if self.state in ("down", "refused") else None,

@@ -38,9 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from anolisnuma.cluster.api import ApiClient, ApiError
     from anolisnuma.cluster.kubeconfig import KubeconfigError, load_kubeconfig, render_kubeconfig
-    from anolisnuma.cluster.watcher import OENUMAS_PATH
 
     try:
         with open(args.ca) as f:
@@ -55,19 +53,33 @@ def run(args: argparse.Namespace) -> int:
     text = render_kubeconfig(args.server, ca, token_file=os.path.abspath(args.token_file))
     try:
         atomic_write_bytes(args.out, text.encode(), mode=0o600)
-        creds = load_kubeconfig(args.out)
+        kubeconfig = load_kubeconfig(args.out)
     except (OSError, KubeconfigError) as e:
         print(f"anolisnuma-ctl kubeconfig: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {args.out} for {creds.server}")
+    print(f"wrote {args.out} for {kubeconfig.server}")
     if not args.check:
         return 0
+    return check(kubeconfig)
+
+
+def check(kubeconfig: Any) -> int:
+    """List the Oenuma CRs (one page of one) as the daemon would; 0 when it could."""
     try:
-        reply = ApiClient(creds, 10.0).request("GET", f"{OENUMAS_PATH}?limit=1")
-    except ApiError as e:
+        from anolisnuma.cluster.kube_client import ApiError, KubeClient
+        from anolisnuma.cluster.kubeconfig import KubeconfigError
+    except ImportError as e:
+        print(f"check: lightkube, the Kubernetes client, cannot be imported: {e}", file=sys.stderr)
+        return 1
+    try:
+        client = KubeClient(kubeconfig, 10.0)
+        try:
+            listing = client.list_oenumas(1)
+            first = next(iter(listing), None)
+        finally:
+            client.close()
+    except (ApiError, KubeconfigError) as e:
         print(f"check: the API server refused or could not be reached: {e}", file=sys.stderr)
         return 1
-    more = (reply.get("metadata") or {}).get("remainingItemCount")
-    count = len(reply.get("items") or []) + (more or 0) if isinstance(reply, dict) else 0
-    print(f"check: listed Oenuma CRs ({count} in the cluster)")
+    print(f"check: listed Oenuma CRs ({'some' if first is not None else 'none yet'} in the cluster)")
     return 0

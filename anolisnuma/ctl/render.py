@@ -150,6 +150,13 @@ def _cluster(c: Any) -> str:
     if "events_sent" in c:
         text += (f"; events sent {c['events_sent']} (+{c.get('events_aggregated', 0)} in series), dropped "
                  f"{c.get('events_dropped_rate', 0) + c.get('events_dropped_full', 0)}")
+    topo = c.get("topology")
+    if topo:
+        when = topo.get("last_publish")
+        text += (f"; NodeResourceTopology published {human_duration(time.time() - when)} ago ({topo.get('publishes')}x)"
+                 if when else "; NodeResourceTopology not published yet")
+        if topo.get("last_error"):
+            text += f" (failing: {topo['last_error']})"
     if c.get("crs_skipped"):
         text += f"; skipped as malformed: {', '.join(c['crs_skipped'])}"
     if c.get("last_error"):

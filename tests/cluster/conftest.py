@@ -1,5 +1,5 @@
 """A real control plane (etcd + kube-apiserver v1.26, RBAC on) started once for the whole
-tests/cluster session, with deploy/'s CRD and RBAC applied and a kubeconfig for the
+tests/cluster session, with deploy/'s CRDs and RBAC applied and a kubeconfig for the
 anolisnuma ServiceAccount (a token from the TokenRequest API, by tokenFile); and, per test,
 a daemon with the NUMA hook on a fake 4-node topology, FakeCri as containerd, and
 ``[kubernetes]`` pointing at that kubeconfig under a node name of the test's own.
@@ -27,8 +27,10 @@ def cluster() -> Iterator[Cluster]:
         pytest.skip(why)
     cp = PrivateControlPlane.start_new()
     try:
-        cp.kubectl("apply", "-f", os.path.join(DEPLOY, "crd-oenuma.yaml"), "-f", os.path.join(DEPLOY, "rbac.yaml"))
-        cp.kubectl("wait", "--for=condition=Established", "crd/oenumas.resource.sop.huawei.com")
+        cp.kubectl("apply", "-f", os.path.join(DEPLOY, "crd-oenuma.yaml"), "-f", os.path.join(DEPLOY, "rbac.yaml"),
+                   "-f", os.path.join(DEPLOY, "crd-noderesourcetopology.yaml"))
+        cp.kubectl("wait", "--for=condition=Established", "crd/oenumas.resource.sop.huawei.com",
+                   "crd/noderesourcetopologies.topology.node.k8s.io")
         cp.kubectl("create", "namespace", "batch")
         token = cp.kubectl("create", "token", "anolisnuma", "-n", SA_NAMESPACE, "--duration=4h").stdout.strip()
         token_file = os.path.join(cp.base_dir, "anolisnuma.token")

@@ -40,3 +40,30 @@ def test_ctl_status_shows_the_api_server_link(cluster: Cluster, node: Node) -> N
     assert c["state"] == "synced" and c["crs_naming_node"] == 1 and c["last_sync"]
     assert {"cluster-watch", "cluster-rules"} <= set(json.loads(text)["controllers"])
     cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "status-demo")
+
+
+def test_a_rotated_token_file_is_picked_up_without_a_new_client(cluster: Cluster, tmp_path) -> None:
+    """lightkube reads the tokenFile at the first request and again when the API server
+    answers 401: a token rotated under a running daemon is used at its next request."""
+    import pytest
+
+    from anolisnuma.cluster.kube_client import ApiError, KubeClient
+    from anolisnuma.cluster.kubeconfig import load_kubeconfig
+    from anolisnuma.testing.kube_apiserver import kubeconfig_text
+
+    good = open(json.loads(open(cluster.kubeconfig).read())["users"][0]["user"]["tokenFile"]).read()
+    token = tmp_path / "token"
+    token.write_text("expired-token\n")
+    path = tmp_path / "kubeconfig"
+    path.write_text(kubeconfig_text(cluster.cp.server, cluster.cp.ca_file, token_file="token"))
+    client = KubeClient(load_kubeconfig(str(path)), 5.0)
+    try:
+        with pytest.raises(ApiError) as e:
+            list(client.list_oenumas(10))
+        assert e.value.status == 401
+        token.write_text(good)              # rotated
+        listing = client.list_oenumas(10)
+        list(listing)
+        assert listing.resource_version
+    finally:
+        client.close()

@@ -29,16 +29,25 @@ def test_off_by_default_and_strict() -> None:
         assert e.value.key == key
 
 
-def test_token_file_relative_to_the_kubeconfig_and_read_at_each_connection(tmp_path) -> None:
+def test_token_file_relative_to_the_kubeconfig_and_handed_to_lightkube_absolute(tmp_path) -> None:
     (tmp_path / "token").write_text("one\n")
-    (tmp_path / "ca.crt").write_text(CA)
     path = tmp_path / "kubeconfig"
     path.write_text(render_kubeconfig("https://10.0.0.1:6443", CA, token_file="token"))
-    creds = load_kubeconfig(str(path))
-    assert (creds.host, creds.port, creds.ca_pem) == ("10.0.0.1", 6443, CA)
-    assert creds.token_file == str(tmp_path / "token") and creds.bearer() == "one"
-    (tmp_path / "token").write_text("two\n")       # rotated
-    assert creds.bearer() == "two"
+    kc = load_kubeconfig(str(path))
+    assert kc.server == "https://10.0.0.1:6443" and kc.token_file == str(tmp_path / "token")
+    single = kc.lightkube_config()      # lightkube's own parse of what we checked
+    assert single.cluster.server == "https://10.0.0.1:6443" and single.user.token_file == str(tmp_path / "token")
+    assert base64.b64decode(single.cluster.certificate_auth_data).decode() == CA
+
+
+def test_a_ca_that_is_no_certificate_is_refused_when_the_client_is_made(tmp_path) -> None:
+    from anolisnuma.cluster.kube_client import KubeClient
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(render_kubeconfig("https://10.0.0.1:6443", "not a certificate", token="t"))
+    with pytest.raises(KubeconfigError) as e:
+        KubeClient(load_kubeconfig(str(path)))
+    assert "the CA or the client certificate cannot be used" in str(e.value) and str(path) in str(e.value)
 
 
 @pytest.mark.parametrize("user, cluster, problem", [
@@ -59,11 +68,16 @@ def test_unusable_kubeconfigs_are_refused_naming_the_key(tmp_path, user, cluster
 
 
 def test_garbage_files(tmp_path) -> None:
-    for text, problem in (("[", "not YAML"), ("- 1", "not a mapping"), ("{}", "no contexts")):
+    for text, problem in (("[", "not YAML"), ("- 1", "not a mapping"), ("{}", "no contexts"),
+                          ('{"contexts": [{"name": "a", "context": {}}, {"name": "b", "context": {}}]}',
+                           "several contexts and no current-context"),
+                          ('{"current-context": "x", "contexts": [{"name": "a", "context": {}}]}',
+                           "current-context 'x' is not among the contexts")):
         p = tmp_path / "k"
         p.write_text(text)
         with pytest.raises(KubeconfigError) as e:
             load_kubeconfig(str(p))
         assert problem in str(e.value)
-    with pytest.raises(KubeconfigError):
+    with pytest.raises(KubeconfigError) as e:
         load_kubeconfig(os.path.join(str(tmp_path), "absent"))
+    assert "No such file or directory" in str(e.value)

@@ -79,7 +79,7 @@ def test_two_nodes_write_one_crs_status_at_once(cluster: Cluster) -> None:
     """Server-side apply under one field manager per node: entries are merged by node name."""
     import threading
 
-    from anolisnuma.cluster.api import ApiClient
+    from anolisnuma.cluster.kube_client import KubeClient
     from anolisnuma.cluster.kubeconfig import load_kubeconfig
     from anolisnuma.cluster.oenumas import CrRules
     from anolisnuma.cluster.report import StatusReporter
@@ -97,7 +97,7 @@ def test_two_nodes_write_one_crs_status_at_once(cluster: Cluster) -> None:
         rule_failure = staticmethod(lambda uid: "")
 
     cr = CrRules(key=("batch", "shared"), generation=1, uid="")
-    reporters = [StatusReporter(ApiClient(creds, 5.0), n) for n in names]
+    reporters = [StatusReporter(KubeClient(creds, 5.0), n) for n in names]
     barrier = threading.Barrier(2)
 
     def write(r: StatusReporter) -> None:

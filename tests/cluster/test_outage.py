@@ -55,11 +55,11 @@ def test_a_watch_answered_410_gone_is_followed_by_a_relist(cluster: Cluster, nod
     cluster.apply(oenuma("queue", node.name, {"queue-0": 1}))
     wait_for(lambda: node.settled(pod, (1,)), "the pod pinned by the CR")
     w = node.link.watcher
-    wait_for(lambda: w._stream is not None, "the watch to be open")
+    wait_for(lambda: w.watching, "the watch to be open")
     lists, gone = w.lists, w.gone
     w.resource_version = "1"          # long compacted away
-    w._stream.abort()                 # the watch ends; the next one asks from "1"
-    wait_for(lambda: w.gone > gone and w.lists > lists and w._stream is not None, "a 410 then a relist")
+    w.client.abort()                  # the watch ends; the next one asks from "1"
+    wait_for(lambda: w.gone > gone and w.lists > lists and w.watching, "a 410 then a relist")
     assert node.link.status()["state"] == "synced" and int(w.resource_version) > 1
     # and the watch still delivers
     cluster.apply(oenuma("queue", node.name, {"queue-0": 3}))
@@ -89,3 +89,16 @@ def test_the_last_rules_seen_apply_at_start_when_the_api_server_is_down(cluster:
     finally:
         cluster.cp.start_apiserver()
         cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "saved")
+
+
+def test_the_watch_loop_stops_at_once_while_its_watch_is_open(cluster: Cluster, node: Node) -> None:
+    """A watch blocks reading until the server ends it (30-60 s here): stopping the loop
+    cuts it, the thread ends well before."""
+    w = node.link.watcher
+    thread = w._thread
+    wait_for(lambda: w.watching and w.client.transport._watches, "the watch to be open")
+    started = time.monotonic()
+    w.stop(timeout=25.0)
+    took = time.monotonic() - started
+    print(f'stopped in {took:.3f} s')
+    assert thread is not None and not thread.is_alive() and took < 10.0, took

@@ -16,11 +16,11 @@ from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
-from anolisnuma.cluster.api import MAX_EVENT_BYTES, ApiClient
-from anolisnuma.cluster.kubeconfig import Credentials
+from anolisnuma.cluster.kube_client import MAX_EVENT_BYTES, KubeClient
+from anolisnuma.cluster.kubeconfig import load_kubeconfig
 from anolisnuma.cluster.oenumas import OenumaSet
 from anolisnuma.cluster.watcher import OenumaWatcher
-from anolisnuma.testing.kube_apiserver import make_certificates
+from anolisnuma.testing.kube_apiserver import kubeconfig_text, make_certificates
 
 NODE = "w1"
 CR = {"apiVersion": "resource.sop.huawei.com/v1alpha1", "kind": "Oenuma",
@@ -65,7 +65,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.script.requests.append(self.path)
-        (self.script.watch if "watch=1" in self.path else self.script.list)(self)
+        (self.script.watch if "watch=true" in self.path else self.script.list)(self)
 
 
 @pytest.fixture
@@ -80,15 +80,16 @@ def server(tmp_path: Any) -> Iterator[Any]:
     ctx.load_cert_chain(str(tmp_path / "server.crt"), str(tmp_path / "server.key"))
     httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    creds = Credentials(host="127.0.0.1", port=httpd.server_address[1], ca_pem=(tmp_path / "ca.crt").read_text(),
-                        token="t", source="test")
+    (tmp_path / "kubeconfig").write_text(kubeconfig_text(f"https://127.0.0.1:{httpd.server_address[1]}",
+                                                         str(tmp_path / "ca.crt"), token="t"))
     changes: List[int] = []
     crs = OenumaSet(NODE)
-    watcher = OenumaWatcher(ApiClient(creds, timeout=1.0), crs, lambda: changes.append(crs.version),
-                            watch_timeout=5, jitter=lambda: 0.5)
+    watcher = OenumaWatcher(KubeClient(load_kubeconfig(str(tmp_path / "kubeconfig")), timeout=1.0), crs,
+                            lambda: changes.append(crs.version), watch_timeout=5, jitter=lambda: 0.5)
     try:
         yield script, watcher, crs
     finally:
+        watcher.client.close()
         httpd.shutdown()
         httpd.server_close()
 
@@ -104,7 +105,7 @@ def test_a_list_that_is_not_json_keeps_the_crs_and_backs_off(server) -> None:
     w.resource_version = ""            # list again: now garbage
     script.list = lambda h: h.reply(200, b"<html>proxy error</html>")
     w.run_once()
-    assert w.state == "down" and "not JSON" in w.last_error and len(crs.mine()[1]) == 1
+    assert w.state == "down" and "Garbage" in w.last_error and len(crs.mine()[1]) == 1
     assert 0.5 * 0.8 <= w.interval <= 0.5 * 1.2
     w.run_once()
     assert w.failures_in_a_row == 2 and 1.0 * 0.8 <= w.interval <= 1.0 * 1.2   # doubled
@@ -122,8 +123,9 @@ def test_a_watch_event_larger_than_the_bound_ends_the_watch_and_memory_stays_bou
 
 def test_unknown_event_types_and_non_objects_are_garbage_and_error_events_are_failures(server) -> None:
     script, w, crs = server
-    for body, problem in ((events({"type": "WEIRD", "object": {}}), "WEIRD"),
-                          ([b"[1, 2]\n"], "not a JSON object"),
+    for body, problem in ((events({"type": "WEIRD", "object": {"metadata": {"resourceVersion": "6"}}}), "WEIRD"),
+                          (events({"type": "ADDED", "object": {}}), "Garbage"),   # (no metadata)
+                          ([b"[1, 2]\n"], "Garbage"), ([b"{not json\n"], "Garbage"),
                           (events({"type": "ERROR", "object": {"kind": "Status", "code": 500, "message": "etcd"}}),
                            "etcd")):
         script.watch = lambda h, body=body: h.reply(200, b"", chunks=body)
@@ -144,6 +146,8 @@ def test_events_update_the_crs_and_410_relists(server) -> None:
     w.run_once()
     assert w.resource_version == "9" and crs.seen == 2 and crs.mine()[1][0]["spec"] == changed["spec"]
     assert w.bookmarks == 1 and w.events == 2
+    watch = [r for r in script.requests if "watch=true" in r][-1]
+    assert "allowWatchBookmarks=true" in watch and "resourceVersion=5" in watch   # (lightkube has no parameter for it)
     script.watch = lambda h: h.reply(200, b"", chunks=events(
         {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}))
     w.run_once()

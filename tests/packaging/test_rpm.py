@@ -34,7 +34,7 @@ NATIVE = platform.machine()
 FOREIGN = {"x86_64": "aarch64", "aarch64": "x86_64"}.get(NATIVE, "")
 LOCAL = "%d.%d" % sys.version_info[:2]
 # The runtime dependencies and a module each provides (pyproject.toml's [project] dependencies).
-RUNTIME_MODULES = ["h2", "google.protobuf", "hpack", "structlog", "psutil", "pyroute2", "yaml",
+RUNTIME_MODULES = ["h2", "google.protobuf", "hpack", "structlog", "psutil", "pyroute2", "yaml", "lightkube",
                    "prometheus_client"]
 
 pytestmark = [
@@ -187,6 +187,7 @@ def test_contents(native_rpm):
             assert f"{LIB}/python{v}/tomli/__init__.py" in files  # tomli; python_version < '3.11'
     # No test helpers, no tests, no build tools, nothing of the build machine.
     assert not [f for f in files if "/anolisnuma/testing" in f or "/tests/" in f or f.endswith("/tests")]
+    assert not [f for f in files if f.endswith((".pyx", ".pxd", ".pxi"))]   # (Cython sources of the wheels)
     assert not [f for f in files if "grpc_tools" in f or "/pip/" in f or "site-packages" in f]
     assert not [f for f in files if re.match(rf"{LIB}/python[^/]+/bin/", f)]
     # Every module of the checkout (but the test helpers) is in it.
