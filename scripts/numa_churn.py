@@ -34,7 +34,7 @@ from anolisnuma.policies.numa.config import RespreadConfig
 from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.ledger import Allocation, Ledger
 from anolisnuma.policies.numa.respread import (
-    RespreadConstraints, RespreadPacer, SpreadPod, cpu_spread, free_per_node, over_threshold, plan_respread, spread)
+    RespreadPacer, SpreadPod, cpu_spread, free_per_node, over_threshold, plan_respread, spread, urgent)
 from anolisnuma.policies.numa.topology import NumaTopology
 
 G_SHARE = 0.2            # of the arrivals: Guaranteed pods with exclusive CPUs
@@ -153,10 +153,10 @@ class ChurnNode:
         if self.pacer is None or self.config is None:
             return
         pods = {a.pod_uid: SpreadPod(a.nodes, a.demand_millicpu()) for a in self.ledger}
-        c = RespreadConstraints(threshold_millicpu=self.config.threshold_millicpu,
-                                pods_threshold=self.config.pods_threshold, max_moves=self.pacer.budget(now),
-                                cooldown=self.config.cooldown_seconds, now=now, last_moved=self.last_moved)
-        if self.pacer.due(now, self.version, over_threshold(self.topo, self.ledger.pool, pods, c)) is None:
+        c = self.config.constraints(self.pacer.budget(now), now, self.last_moved)
+        pool = self.ledger.pool
+        if self.pacer.due(now, self.version, over_threshold(self.topo, pool, pods, c),
+                          urgent(self.topo, pool, pods, c)) is None:
             return
         if c.max_moves <= 0:
             return   # (due again at the next check, once the window has room)
