@@ -156,7 +156,9 @@ def load_per_node(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, Sprea
 
 def cpu_spread(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod]) -> int:
     """The spread re-spread acts on, in milli-CPUs (see the module's docstring)."""
-    return spread(free_per_node(topology, pool, pods), load_per_node(topology, pool, pods))
+    cap = node_capacity(topology, pool)
+    free = free_per_node(topology, pool, pods)
+    return spread(free, {n: cap[n] - v for n, v in free.items()})
 
 
 def idle_pods_per_node(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod]) -> Dict[int, int]:
@@ -182,9 +184,11 @@ def over_threshold(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, Spre
     exceeds ``threshold_millicpu``, or the demand-free pods' count spread reaches
     ``pods_threshold`` with a crowded node among the fuller ones): what the pacer's settle
     clock runs on."""
-    if cpu_spread(topology, pool, pods) > constraints.threshold_millicpu:
+    cap = node_capacity(topology, pool)
+    free = free_per_node(topology, pool, pods)
+    if spread(free, {n: cap[n] - v for n, v in free.items()}) > constraints.threshold_millicpu:
         return True
-    return _count_over(free_per_node(topology, pool, pods), idle_pods_per_node(topology, pool, pods), constraints)
+    return _count_over(free, idle_pods_per_node(topology, pool, pods), constraints)
 
 
 def urgent(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod],
