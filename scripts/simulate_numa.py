@@ -446,8 +446,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         topo = spec.topology(os.path.join(tmp, spec.name))
         churn_ok = churn_table(topo, f"{spec.name} ({len(topo.nodes)}n/{len(topo.cpus)}c)", args.hours, args.seed)
     print()
-    print(f"targets: re-spread spread (p95) <= one pod ({MAX_POD} CPUs) and <= 0.2 moves per pod-lifetime, "
-          f"long-lived scenario: {'met' if churn_ok else 'NOT met'}")
+    print(f"targets: re-spread spread (p95) <= one pod ({MAX_POD} CPUs) and <= 0.2 moves per pod-lifetime: "
+          + ", ".join(f"{label} {'met' if met else 'NOT met'}" for label, met in churn_ok.items()))
     return 0  # a benchmark reports a miss; only a broken run exits non-zero
 
 

@@ -34,7 +34,7 @@ from anolisnuma.controller import Controller
 from anolisnuma.pipeline.metrics import Counters
 from anolisnuma.policies.numa.config import RespreadConfig
 from anolisnuma.policies.numa.respread import (
-    RespreadConstraints, RespreadMove, RespreadPacer, SpreadPod, cpu_spread, over_threshold, plan_respread)
+    RespreadMove, RespreadPacer, SpreadPod, cpu_spread, over_threshold, plan_respread, urgent)
 from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 
 log = structlog.get_logger("anolisnuma.numa.respread")
@@ -81,11 +81,10 @@ class RespreadController(Controller, PodStateHolder):
                 del self.last_moved[uid]
             last_moved = dict(self.last_moved)
         pods = self._pods(allocs)
-        c = RespreadConstraints(threshold_millicpu=self.config.threshold_millicpu,
-                                pods_threshold=self.config.pods_threshold, max_moves=self.pacer.budget(now),
-                                cooldown=self.config.cooldown_seconds, now=now, last_moved=last_moved)
+        c = self.config.constraints(self.pacer.budget(now), now, last_moved)
         signature = (str(pool), tuple(sorted((uid, sp.nodes, sp.millicpu, sp.fixed) for uid, sp in pods.items())))
-        due = self.pacer.due(now, signature, over_threshold(p.topology, pool, pods, c))
+        due = self.pacer.due(now, signature, over_threshold(p.topology, pool, pods, c),
+                             urgent(p.topology, pool, pods, c))
         if due is None or c.max_moves <= 0:
             return []
         self.pacer.planned(now, signature)

@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any, List, Tuple
+from typing import Any, List, Mapping, Tuple
 
 from anolisnuma.configfile import ConfigError, Table
 from anolisnuma.policies.numa.balance import MEMORY_POLICIES, MEMORY_WIDEN
+from anolisnuma.policies.numa.respread import RespreadConstraints
 from anolisnuma.policies.numa.rules import PinSpec
 
 MAX_NODE_ID = 1023   # the kernel's MAX_NUMNODES is at most 1024
@@ -90,10 +91,27 @@ class RespreadConfig:
     settle_seconds: float = 60.0
     max_moves_per_interval: int = 2
     cooldown_seconds: float = 600.0
+    urgent_cpus: float = 0.0
+    idle_share_cpus: float = 1.0
 
     @property
     def threshold_millicpu(self) -> int:
         return int(round(self.threshold_cpus * 1000))
+
+    @property
+    def urgent_millicpu(self) -> int:
+        return int(round(self.urgent_cpus * 1000))
+
+    @property
+    def idle_share_millicpu(self) -> int:
+        return int(round(self.idle_share_cpus * 1000))
+
+    def constraints(self, max_moves: int, now: float, last_moved: Mapping[str, float]) -> RespreadConstraints:
+        """The plan's bounds from these settings (the controller's and the simulator's)."""
+        return RespreadConstraints(threshold_millicpu=self.threshold_millicpu, pods_threshold=self.pods_threshold,
+                                   idle_share_millicpu=self.idle_share_millicpu,
+                                   urgent_millicpu=self.urgent_millicpu, max_moves=max_moves,
+                                   cooldown=self.cooldown_seconds, now=now, last_moved=last_moved)
 
     @classmethod
     def from_table(cls, t: Table) -> "RespreadConfig":
@@ -105,6 +123,8 @@ class RespreadConfig:
             settle_seconds=t.float("settle_seconds", 60.0, min=0, max=86400),
             max_moves_per_interval=t.int("max_moves_per_interval", 2, min=1, max=1000),
             cooldown_seconds=t.float("cooldown_seconds", 600.0, min=0, max=86400 * 7),
+            urgent_cpus=t.float("urgent_cpus", 0.0, min=0, max=4096),
+            idle_share_cpus=t.float("idle_share_cpus", 1.0, min=0, max=4096),
         )
         t.finish()
         return cfg

@@ -11,8 +11,11 @@ capacity (1000 per CPU; exclusive CPUs are not in the pool) minus the demands of
 on it. The **spread** is the most free on any node with shared CPUs minus the least free on
 a node that carries some demand: a node with nothing on it is as free as it can be, even
 when the kubelet's exclusive CPUs left it little (no move can help there, and none is made
-for it). Pods that demand nothing (no request, no limit) do not change it; balance spreads
-them by count, and so does the second stage here, on the number of such pods per node.
+for it). Pods that demand nothing (no request, no limit) do not change it. The second stage
+spreads them by their number per node, but only off a *crowded* node: one where they have
+less than ``idle_share_millicpu`` of its free CPUs each (balance places such a pod on the
+freest node, so two of them on one node with CPUs to spare is what balance chose, not a
+wrong to undo; two of them sharing one CPU while another node idles is).
 
 Every move takes a unit of demand ``d`` from a node ``a`` to a node ``b`` with
 ``free[a] < free[b]`` and ``0 < d < free[b] - free[a]``: both nodes end within
@@ -63,13 +66,18 @@ class RespreadConstraints:
     ``threshold_millicpu``: the spread of free milli-CPUs that is tolerated (moves are made
     only while the spread exceeds it, and stop once it does not). ``pods_threshold``: the
     same for the count of demand-free pods per node (at least 2: one pod more on a node is
-    as even as whole pods go). ``max_moves``: pods moved by the plan, at most (a group of
-    three costs three). ``cooldown``: a pod moved at ``last_moved[pod]`` stays put until
-    ``now - last_moved >= cooldown`` (same clock, seconds).
+    as even as whole pods go). ``idle_share_millicpu``: demand-free pods move only off a
+    node where they have less than this of its free milli-CPUs each (see
+    :func:`crowded`). ``max_moves``: pods moved by the plan, at most (a group of three
+    costs three). ``cooldown``: a pod moved at ``last_moved[pod]`` stays put until
+    ``now - last_moved >= cooldown`` (same clock, seconds). ``urgent_millicpu``: a CPU
+    spread above this is not left to settle (:class:`RespreadPacer`; 0 = never urgent).
     """
 
     threshold_millicpu: int = 4000
     pods_threshold: int = 2
+    idle_share_millicpu: int = 1000
+    urgent_millicpu: int = 0
     max_moves: int = 2
     cooldown: float = 600.0
     now: float = 0.0
@@ -148,7 +156,9 @@ def load_per_node(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, Sprea
 
 def cpu_spread(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod]) -> int:
     """The spread re-spread acts on, in milli-CPUs (see the module's docstring)."""
-    return spread(free_per_node(topology, pool, pods), load_per_node(topology, pool, pods))
+    cap = node_capacity(topology, pool)
+    free = free_per_node(topology, pool, pods)
+    return spread(free, {n: cap[n] - v for n, v in free.items()})
 
 
 def idle_pods_per_node(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod]) -> Dict[int, int]:
@@ -161,14 +171,39 @@ def idle_pods_per_node(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, 
     return out
 
 
+def crowded(free: int, idle: int, idle_share_millicpu: int) -> bool:
+    """Whether ``idle`` demand-free pods on a node with ``free`` milli-CPUs free have less
+    than ``idle_share_millicpu`` each (an overcommitted node, ``free < 0``, is crowded for
+    any of them)."""
+    return idle > 0 and free < idle * max(int(idle_share_millicpu), 0)
+
+
 def over_threshold(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod],
                    constraints: RespreadConstraints) -> bool:
     """Whether the nodes are out of balance by the constraints' thresholds (the CPU spread
     exceeds ``threshold_millicpu``, or the demand-free pods' count spread reaches
-    ``pods_threshold``): what the pacer's settle clock runs on."""
-    if cpu_spread(topology, pool, pods) > constraints.threshold_millicpu:
+    ``pods_threshold`` with a crowded node among the fuller ones): what the pacer's settle
+    clock runs on."""
+    cap = node_capacity(topology, pool)
+    free = free_per_node(topology, pool, pods)
+    if spread(free, {n: cap[n] - v for n, v in free.items()}) > constraints.threshold_millicpu:
         return True
-    return spread(idle_pods_per_node(topology, pool, pods)) >= max(int(constraints.pods_threshold), 2)
+    return _count_over(free, idle_pods_per_node(topology, pool, pods), constraints)
+
+
+def urgent(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, SpreadPod],
+           constraints: RespreadConstraints) -> bool:
+    """Whether the CPU spread exceeds ``urgent_millicpu`` (when set): too wide to wait for
+    arrivals to fill it (the pacer skips the settle time)."""
+    u = int(constraints.urgent_millicpu)
+    return u > 0 and cpu_spread(topology, pool, pods) > max(u, constraints.threshold_millicpu)
+
+
+def _count_over(free: Mapping[int, int], counts: Mapping[int, int], c: RespreadConstraints) -> bool:
+    """Some crowded node has ``pods_threshold`` demand-free pods more than another node."""
+    least = min(counts.values(), default=0)
+    need = max(int(c.pods_threshold), 2)
+    return any(k - least >= need and crowded(free.get(n, 0), k, c.idle_share_millicpu) for n, k in counts.items())
 
 
 # ---------------------------------------------------------------------------- units
@@ -243,7 +278,8 @@ def plan_respread(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, Sprea
 
     First the CPU stage (units with a demand, on free milli-CPUs, while the spread exceeds
     ``threshold_millicpu``), then the count stage (demand-free units, on their number per
-    node, while that spread is at least ``pods_threshold``; they change no node's free
+    node, while that spread is at least ``pods_threshold``, and only off a crowded node
+    onto one where the pod gets at least as many free CPUs; they change no node's free
     CPUs). A target must keep room for the unit (free >= its demand, at least 1 milli-CPU),
     as ``PlacementService.move`` requires. No unit moves twice in one plan, and the plan
     moves at most ``max_moves`` pods.
@@ -263,20 +299,30 @@ def plan_respread(topology: NumaTopology, pool: CpuSet, pods: Mapping[str, Sprea
                     c.threshold_millicpu, budget, moved, moves)
     if budget > 0:
         counts = idle_pods_per_node(topology, pool, apply_respread(pods, moves))
+        if not _count_over(free, counts, c):
+            return moves
         # "free" for the count stage: minus the count, so that emptier is larger as for CPUs
         neg = {n: -v for n, v in counts.items()}
+        share = c.idle_share_millicpu
+
+        def allowed(a: int, b: int, w: int) -> bool:
+            # off a crowded node, onto one where each of them gets at least as much
+            ka, kb = -neg[a], -neg[b]
+            return crowded(free[a], ka, share) and free[b] * ka >= free[a] * (kb + w)
+
         idle_units = [u for u in units if u.millicpu <= 0]
         _stage(topology, STAGE_COUNT, neg, free, None, idle_units, lambda u: len(u.pods),
-               max(int(c.pods_threshold), 2) - 1, budget, moved, moves)
+               max(int(c.pods_threshold), 2) - 1, budget, moved, moves, allowed)
     return moves
 
 
 def _stage(topology: NumaTopology, stage: str, value: Dict[int, int], free_cpu: Dict[int, int],
            load: Optional[Dict[int, int]], units: List[_Unit], weight_of: Any, threshold: int, budget: int,
-           moved: set, moves: List[RespreadMove]) -> int:
+           moved: set, moves: List[RespreadMove], allowed: Any = None) -> int:
     """Greedy moves on ``value`` (larger = emptier) while its spread (over ``load``'s
     loaded nodes, when given) exceeds ``threshold``; ``value``, ``free_cpu`` (for the room
-    check) and ``load`` are updated in place. Returns the budget left."""
+    check) and ``load`` are updated in place; ``allowed(a, b, weight)``, when given, may
+    refuse a move. Returns the budget left."""
     nodes = sorted(value)
     while budget > 0:
         now = spread(value, load)
@@ -295,6 +341,8 @@ def _stage(topology: NumaTopology, stage: str, value: Dict[int, int], free_cpu: 
             for b in nodes:
                 gap = value[b] - value[a]
                 if b == a or w >= gap or free_cpu[b] < max(u.millicpu, 1):
+                    continue
+                if allowed is not None and not allowed(a, b, w):
                     continue
                 after = dict(value)
                 after[a] += w
@@ -345,7 +393,8 @@ class RespreadPacer:
 
     A plan is due once the spread has stayed over the threshold for ``settle`` seconds (the
     caller says at every check whether it is over; arrivals often fill a gap a departure
-    left, and then nothing needs to move), and then when what the plan depends on changed
+    left, and then nothing needs to move), at once while it is ``urgent`` (wider than one
+    arrival is likely to fill: waiting would keep the node unbalanced for nothing), and then when what the plan depends on changed
     since the last plan (``signature``: the pool, the pods, their nodes and demands) or
     ``interval`` seconds passed (cool-downs end, groups change). At most ``max_moves`` pods
     move within any ``interval`` seconds (a sliding window).
@@ -360,15 +409,16 @@ class RespreadPacer:
         self._over_since: Optional[float] = None
         self._moves: Deque[float] = deque()
 
-    def due(self, now: float, signature: Any, over: bool = True) -> Optional[str]:
+    def due(self, now: float, signature: Any, over: bool = True, urgent: bool = False) -> Optional[str]:
         """Why a plan is due now ("start", "changed", "periodic"), or None. ``over``: the
-        spread exceeds the threshold now."""
+        spread exceeds the threshold now; ``urgent``: by so much that the settle time is
+        skipped."""
         if not over:
             self._over_since = None
             return None
         if self._over_since is None:
             self._over_since = now
-        if now - self._over_since < self.settle:
+        if now - self._over_since < self.settle and not urgent:
             return None
         if self._last_plan is None:
             return "start"

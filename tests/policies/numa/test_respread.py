@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.respread import (
-    STAGE_COUNT, STAGE_CPU, RespreadConstraints, RespreadPacer, SpreadPod, apply_respread, cpu_spread,
-    free_per_node, idle_pods_per_node, load_per_node, movable_units, plan_respread, spread)
+    STAGE_COUNT, STAGE_CPU, RespreadConstraints, RespreadPacer, SpreadPod, apply_respread, cpu_spread, crowded,
+    free_per_node, idle_pods_per_node, load_per_node, movable_units, over_threshold, plan_respread, spread, urgent)
 from anolisnuma.policies.numa.topology import NumaTopology
 from anolisnuma.testing import fake_sysfs as F
 
@@ -179,6 +179,50 @@ def test_count_stage_details():
     assert idle_pods_per_node(topo, topo.cpus, pods) == {0: 0, 1: 2}
 
 
+def test_demand_free_pods_with_cpus_to_spare_stay_where_balance_put_them():
+    # two BestEffort pods on node 1 with 12 CPUs free beside them, none elsewhere (free
+    # 8 / 12 / 10 / 10): balance put them on the freest node, and each has 6 free CPUs: no
+    # move (the churn's frequent case, which spreading by count alone moved)
+    pods = pods_on((0, 24), (1, 20), (2, 22), (3, 22), (1, 0), (1, 0))
+    c = RespreadConstraints(threshold_millicpu=9 * CPU)
+    assert not over_threshold(KUNPENG, ALL, pods, c)
+    assert plan(pods, threshold_millicpu=9 * CPU) == []
+    # node 1 filled up (1.5 CPUs free for the two): crowded; one moves off it
+    pods["p1"] = SpreadPod((1,), int(30.5 * CPU))
+    assert over_threshold(KUNPENG, ALL, pods, c)
+    moves = plan(pods, threshold_millicpu=9 * CPU)
+    assert [(m.pods, m.from_node, m.stage) for m in moves] == [(("p4",), 1, STAGE_COUNT)]
+    assert moves[0].to_node in (0, 2, 3)
+    # the target must give each at least as much as it has now: node 0 has 0.1 each
+    for node1, moved in ((3.0, True), (3.9, True), (3.95, False)):   # node 1 free: 1, 0.1, 0.05
+        pods = pods_on((0, 3.8), (1, node1), (0, 0), (0, 0))
+        moves = plan(pods, topology=TWO, pool=TWO.cpus, threshold_millicpu=8 * CPU)
+        assert [(m.from_node, m.to_node) for m in moves] == ([(0, 1)] if moved else []), node1
+
+
+def test_crowded_and_the_idle_share():
+    assert crowded(1000, 2, 1000) and not crowded(2000, 2, 1000) and not crowded(0, 0, 1000)
+    assert crowded(-500, 1, 1000) and not crowded(5000, 3, 0)   # 0: never crowded (count stage off)
+    pods = {"be-a": SpreadPod((1,), 0), "be-b": SpreadPod((1,), 0)}
+    topo = NumaTopology.build({0: "0", 1: "1"})
+    assert plan(pods, topology=topo, pool=topo.cpus, idle_share_millicpu=0) == []
+    assert len(plan(pods, topology=topo, pool=topo.cpus, idle_share_millicpu=400)) == 0   # 0.5 each: enough
+    assert len(plan(pods, topology=topo, pool=topo.cpus, idle_share_millicpu=600)) == 1
+
+
+def test_urgent_spread_skips_the_settle():
+    pods = pods_on((0, 6), (0, 6), (0, 6), (0, 6))        # spread 24 CPUs
+    assert urgent(KUNPENG, ALL, pods, RespreadConstraints(threshold_millicpu=8 * CPU, urgent_millicpu=16 * CPU))
+    assert not urgent(KUNPENG, ALL, pods, RespreadConstraints(threshold_millicpu=8 * CPU, urgent_millicpu=24 * CPU))
+    assert not urgent(KUNPENG, ALL, pods, RespreadConstraints(threshold_millicpu=8 * CPU))   # 0: off
+    # never below the threshold: an urgent value under it means "the threshold"
+    assert not urgent(KUNPENG, ALL, pods, RespreadConstraints(threshold_millicpu=30 * CPU, urgent_millicpu=CPU))
+    p = RespreadPacer(interval=30.0, max_moves=2, settle=60.0)
+    assert p.due(0.0, "a", over=True) is None
+    assert p.due(1.0, "a", over=True, urgent=True) == "start"
+    assert p.due(2.0, "a", over=False, urgent=True) is None    # not over: never due
+
+
 # ---------------------------------------------------------------------------- the pacer
 
 def test_pacer_waits_for_the_spread_to_stay_over_the_threshold():
@@ -227,6 +271,7 @@ def scenarios(draw):
             groups.append(tuple(draw(st.lists(st.sampled_from(names), min_size=2, max_size=4, unique=True))))
     c = RespreadConstraints(threshold_millicpu=draw(st.sampled_from([500, 2000, 4000, 8000])),
                             pods_threshold=draw(st.integers(2, 4)), max_moves=draw(st.integers(0, 12)),
+                            idle_share_millicpu=draw(st.sampled_from([0, 500, 1000, 4000, 100000])),
                             cooldown=300.0, now=1000.0,
                             last_moved={p: 900.0 for p in names if draw(st.integers(0, 7)) == 0})
     return pool, pods, groups, c
@@ -264,6 +309,15 @@ def test_property_a_plan_never_breaks_a_group_or_moves_a_fixed_pod_and_never_wid
     carried_idle = any(m.stage == STAGE_CPU and any(pods[p].millicpu <= 0 for p in m.pods) for m in moves)
     # (a group moved for its CPUs may carry demand-free pods with it)
     assert spread(idle_pods_per_node(KUNPENG, pool, after)) <= before_cnt or carried_idle
+    # the count stage moves a demand-free pod only off a crowded node, onto a node where each
+    # gets at least as many free CPUs
+    for k, m in enumerate(moves):
+        if m.stage != STAGE_COUNT:
+            continue
+        step = apply_respread(pods, moves[:k])
+        f, n = free_per_node(KUNPENG, pool, step), idle_pods_per_node(KUNPENG, pool, step)
+        assert crowded(f[m.from_node], n[m.from_node], c.idle_share_millicpu)
+        assert f[m.to_node] * n[m.from_node] >= f[m.from_node] * (n[m.to_node] + len(m.pods))
     # room: every move's target had room for it when it was made (as move() checks)
     for k, m in enumerate(moves):
         room = free_per_node(KUNPENG, pool, apply_respread(pods, moves[:k]))[m.to_node]
@@ -317,11 +371,18 @@ def test_numa_respread_section_defaults_and_checks():
     assert cfg.enabled is True and cfg.interval_seconds == 30.0 and cfg.threshold_millicpu == 8000
     assert cfg.settle_seconds == 60.0
     assert (cfg.pods_threshold, cfg.max_moves_per_interval, cfg.cooldown_seconds) == (2, 2, 600.0)
+    assert (cfg.urgent_millicpu, cfg.idle_share_millicpu) == (0, 1000)
+    c = cfg.constraints(3, 5.0, {"x": 1.0})
+    assert (c.threshold_millicpu, c.idle_share_millicpu, c.urgent_millicpu, c.max_moves, c.now) == (8000, 1000, 0, 3, 5.0)
+    cfg = NumaConfig.from_table(Table({"respread": {"urgent_cpus": 12, "idle_share_cpus": 0.5}}, "numa")).respread
+    assert (cfg.urgent_millicpu, cfg.idle_share_millicpu) == (12000, 500)
     cfg = NumaConfig.from_table(Table({"respread": {"enabled": False, "threshold_cpus": 2.5}}, "numa")).respread
     assert cfg.enabled is False and cfg.threshold_millicpu == 2500
     for bad, key in [({"pods_threshold": 1}, "numa.respread.pods_threshold"),
                      ({"threshold_cpus": 0}, "numa.respread.threshold_cpus"),
-                     ({"max_moves": 3}, "numa.respread.max_moves")]:
+                     ({"max_moves": 3}, "numa.respread.max_moves"),
+                     ({"urgent_cpus": -1}, "numa.respread.urgent_cpus"),
+                     ({"idle_share_cpus": -0.5}, "numa.respread.idle_share_cpus")]:
         with pytest.raises(ConfigError) as e:
             NumaConfig.from_table(Table({"respread": bad}, "numa"))
         assert key in str(e.value)
