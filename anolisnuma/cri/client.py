@@ -198,6 +198,8 @@ class CriClient:
                 details = f"cannot read the {method} reply: {details}"
             raise CallError(code, details) from None
         except ValueError as e:   # "Cannot invoke RPC on closed channel!": close() raced us
+            if not self._closed:
+                raise
             raise CallError(StatusCode.CANCELLED, f"client closed: {e}") from None
         finally:
             self._release(link, unavailable)
