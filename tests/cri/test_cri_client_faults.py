@@ -200,7 +200,9 @@ def test_grpc_core_threads_are_in_the_census_and_stay_after_a_client_closes(fake
 def test_the_daemon_package_never_forks():
     """grpc's fork support is off (GRPC_ENABLE_FORK_SUPPORT unset): a fork after the first
     channel would leave the child with the core's locks but not its threads. The daemon
-    runs no subprocess; only anolisnuma-ctl (ctl/, its own process) and the test helpers do."""
+    runs no subprocess; only anolisnuma-ctl (ctl/, its own process) and the test helpers do.
+    (The daemon imports ctl/kubelet.py for its readers of the kubelet's files, inspect and
+    cgroup_settings; its subprocess calls serve ``anolisnuma-ctl kubelet enable``.)"""
     found = []
     pkg = os.path.join(REPO, "anolisnuma")
     for root, dirs, files in os.walk(pkg):
