@@ -62,17 +62,32 @@ _NUMBERED = re.compile(r"_\d+$")
 
 def census(pools: Iterable[WorkerPool] = ()) -> Dict[str, Any]:
     """The process's threads: how many the kernel counts (every thread, Python's or not),
-    Python's by name (a pool's numbered threads counted under the pool's name), and each
-    pool's threads against its size."""
+    Python's by name (a pool's numbered threads counted under the pool's name), the others
+    by the name the kernel has for them (``native``: grpc's C core runs ``grpc_global_tim``,
+    ``event_engine`` and ``lifeguard`` threads while a channel to containerd is open), and
+    each pool's threads against its size."""
     by_name: Dict[str, int] = {}
+    python_tids = set()
     for t in threading.enumerate():
         name = _NUMBERED.sub("", t.name)
         by_name[name] = by_name.get(name, 0) + 1
+        python_tids.add(t.native_id)
     try:
-        total = len(os.listdir("/proc/self/task"))
+        tids = os.listdir("/proc/self/task")
     except OSError:
-        total = sum(by_name.values())
-    return {"total": total, "by_name": dict(sorted(by_name.items())),
+        tids = []
+    native: Dict[str, int] = {}
+    for tid in tids:
+        if int(tid) in python_tids:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:   # ended meanwhile
+            continue
+        native[comm] = native.get(comm, 0) + 1
+    total = len(tids) or sum(by_name.values())
+    return {"total": total, "by_name": dict(sorted(by_name.items())), "native": dict(sorted(native.items())),
             "pools": {p.name: p.status() for p in pools}}
 
 

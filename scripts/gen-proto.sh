@@ -1,5 +1,6 @@
 #!/bin/sh
-# Regenerate cri_proto/api_pb2.py and cri_proto/api_pb2.pyi from cri_proto/api.proto:
+# Regenerate cri_proto/api_pb2.py and cri_proto/api_pb2.pyi from cri_proto/api.proto, and
+# the gRPC stub cri_proto/runtime_service_pb2_grpc.py from cri_proto/runtime_service.proto:
 #
 #     scripts/gen-proto.sh
 #
@@ -7,6 +8,13 @@
 # generated it (ValidateProtobufRuntimeVersion). pyproject.toml allows protobuf >= 6.31.0,
 # so the code must come from protoc 31.0, which is what grpcio-tools 1.73.1 bundles
 # (newer grpcio-tools emit e.g. 6.33.5 and would break on protobuf 6.31/6.32).
+# Likewise the stub refuses to import under a grpcio OLDER than the grpcio-tools that
+# generated it (GRPC_GENERATED_VERSION): 1.73.1, the grpcio floor in pyproject.toml.
+#
+# Only the stub is generated from runtime_service.proto, never its _pb2 module: that would
+# register runtime.v1.RuntimeService in the process's descriptor pool, where the full CRI
+# stubs the tests load register the same name (cri_proto/README.md). protoc runs from the
+# repository root for it, so the stub imports `cri_proto.api_pb2` (not a top-level api_pb2).
 #
 # grpcio-tools is a development tool, not a runtime dependency: it is in the `dev` extra
 # (`.venv/bin/pip install -e '.[dev]'`), pinned to that same 1.73.1.
@@ -31,6 +39,7 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 want=${GRPCIO_TOOLS_VERSION:-1.73.1}
 floor=6.31.0   # keep in step with the protobuf floor in pyproject.toml
+grpc_floor=1.73.1   # keep in step with the grpcio floor in pyproject.toml
 
 have=$("$PYTHON" -c 'from importlib.metadata import version; print(version("grpcio-tools"))' 2>/dev/null || echo none)
 if [ "${GEN_PROTO_USE_INSTALLED:-0}" != 1 ] && [ "$have" != "$want" ]; then
@@ -44,16 +53,27 @@ if [ "${GEN_PROTO_USE_INSTALLED:-0}" != 1 ] && [ "$have" != "$want" ]; then
 fi
 
 "$PYTHON" -m grpc_tools.protoc -I cri_proto --python_out=cri_proto --pyi_out=cri_proto cri_proto/api.proto
+"$PYTHON" -m grpc_tools.protoc -I . --grpc_python_out=. cri_proto/runtime_service.proto
 
-gencode=$(sed -n 's/^# Protobuf Python Version: //p' cri_proto/api_pb2.py)
-echo "generated cri_proto/api_pb2.py and api_pb2.pyi ($("$PYTHON" -m grpc_tools.protoc --version), gencode $gencode)"
-if ! "$PYTHON" - "$gencode" "$floor" <<'PY'
+not_newer() {   # not_newer VERSION FLOOR: whether VERSION <= FLOOR
+    "$PYTHON" - "$1" "$2" <<'PY'
 import sys
 gen, floor = (tuple(int(p) for p in v.split(".")[:3]) for v in sys.argv[1:3])
 sys.exit(0 if gen <= floor else 1)
 PY
-then
+}
+
+gencode=$(sed -n 's/^# Protobuf Python Version: //p' cri_proto/api_pb2.py)
+grpc_gencode=$(sed -n "s/^GRPC_GENERATED_VERSION = '\(.*\)'$/\1/p" cri_proto/runtime_service_pb2_grpc.py)
+echo "generated cri_proto/api_pb2.py, api_pb2.pyi and runtime_service_pb2_grpc.py" \
+     "($("$PYTHON" -m grpc_tools.protoc --version), gencode $gencode, grpc gencode $grpc_gencode)"
+if ! not_newer "$gencode" "$floor"; then
     echo "ERROR: gencode $gencode needs protobuf >= $gencode at run time but pyproject.toml allows $floor;" >&2
+    echo "       regenerate with grpcio-tools $want (unset GEN_PROTO_USE_INSTALLED) or raise the floor." >&2
+    exit 1
+fi
+if [ -z "$grpc_gencode" ] || ! not_newer "$grpc_gencode" "$grpc_floor"; then
+    echo "ERROR: the stub needs grpcio >= ${grpc_gencode:-?} at run time but pyproject.toml allows $grpc_floor;" >&2
     echo "       regenerate with grpcio-tools $want (unset GEN_PROTO_USE_INSTALLED) or raise the floor." >&2
     exit 1
 fi

@@ -720,8 +720,7 @@ def probe_socket(path: str, timeout: float = 3.0) -> Tuple[bool, str]:
         return False, f"no socket at {path} ({e.strerror})"
     if not stat.S_ISSOCK(st.st_mode):
         return False, f"{path} is not a socket"
-    from anolisnuma.cri.client import CriClient
-    from anolisnuma.cri.unary import CallError
+    from anolisnuma.cri.client import CallError, CriClient
 
     try:
         with CriClient(path, timeout_seconds=timeout) as client:

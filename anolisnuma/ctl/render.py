@@ -42,7 +42,13 @@ def _plural(n: Any, word: str) -> str:
 
 def _threads(t: Dict[str, Any]) -> str:
     pools = ", ".join(f"{name} {p['threads']}/{p['size']}" for name, p in sorted((t.get("pools") or {}).items()))
-    return f"{t.get('total', '-')}" + (f" (pools: {pools})" if pools else "")
+    native = ", ".join(f"{name} {n}" for name, n in sorted((t.get("native") or {}).items()))
+    parts = []
+    if pools:
+        parts.append(f"pools: {pools}")
+    if native:   # grpc's C core: threads no Python object stands for
+        parts.append(f"native: {native}")
+    return f"{t.get('total', '-')}" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def _counts(d: Dict[str, Any]) -> str:

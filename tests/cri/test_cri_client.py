@@ -1,5 +1,7 @@
-"""CriClient (HTTP/2 by the h2 library) against a tiny in-process grpcio server that speaks
-raw bytes: an independent gRPC implementation on the other end."""
+"""CriClient (grpcio, through the generated stub) against a tiny in-process grpcio server
+that speaks raw bytes, so what crosses the wire is checked byte for byte. The client
+against the fake CRI backend's fault injection and against the real containerd:
+test_cri_client_faults.py and tests/e2e/test_cri_client_e2e.py."""
 
 import json
 import os
@@ -11,8 +13,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from anolisnuma.cri.client import DEFAULT_MAX_MESSAGE_BYTES, CriClient
-from anolisnuma.cri.unary import CallError
+from anolisnuma.cri.client import DEFAULT_MAX_MESSAGE_BYTES, CallError, CriClient
 from cri_proto import api_pb2
 
 CID = "c" * 64
@@ -153,21 +154,22 @@ def test_reply_over_the_limit_fails(backend):
         assert c.version().runtime_name == "containerd"     # the connection is still usable
 
 
-def test_a_long_lived_connection_keeps_bounded_protocol_state(backend):
-    """One connection serves a loop for days, one stream per call: h2's record of closed
-    streams (65,536 by default, ~8 MB) stays at a few, and a reset stream's late frames
-    are still answered after many calls."""
+def test_a_long_lived_client_keeps_one_connection(backend):
+    """A loop's client serves it for days: its calls share one channel, and neither a
+    reply over the limit nor an error from containerd makes it open another."""
     backend.list_reply = _big_list_reply(2 * 1024 * 1024).SerializeToString()
     with CriClient(backend.socket, max_message_bytes=1024 * 1024, timeout_seconds=5.0) as c:
+        c.version()
+        link = c._link
         for _ in range(300):
             c.version()
-        conn = c._channel._conn
-        assert len(conn._closed_streams) < 50
         with pytest.raises(CallError):
-            c.list_containers()            # reset by us while containerd still sends
+            c.list_containers()            # over the limit
+        with pytest.raises(CallError):
+            c.container_status("d" * 64)   # NOT_FOUND
         for _ in range(3):
             assert c.version().runtime_name == "containerd"
-        assert c._channel._conn is conn    # the same connection throughout
+        assert c._link is link and link.users == 0
 
 
 def test_list_with_filter(client, backend):
