@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from anolisnuma.ctl.kubelet.view import main
+from anolisnuma.ctl.kubelet.cli import main
 
 sys.exit(main())
