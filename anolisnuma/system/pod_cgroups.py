@@ -349,7 +349,7 @@ def resolve_layout(cgroups_config: object = None, log: object = None) -> Kubelet
 
 def _kubelet_settings(files_root: str, log: object) -> Dict[str, object]:
     # The reader of the kubelet's unit, environment and config files is the one
-    # `anolisnuma-ctl kubelet` uses (imported here only: it is a large module).
+    # `anolisnuma-ctl kubelet` uses (its reading half only: none of the command rooms).
     try:
         from anolisnuma.ctl.kubelet import Root, cgroup_settings, inspect
 
