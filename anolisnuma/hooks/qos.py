@@ -52,9 +52,9 @@ from anolisnuma.policies.qos.plan import (
     LevelPlan, describe_knob_report, level_knob_report, plan_globals, plan_level, plan_qos_class_dirs,
 )
 from anolisnuma.policies.qos.resctrl import cbm_width, class_schemata, llc_class_for, plan_groups
-from anolisnuma.reconcile.qos import (
-    ApplyReport, ManagedContainer, ManagedPod, QosApplier, QosReconciler, QosState, ReconcileCounts,
-)
+from anolisnuma.qos.applier import ApplyReport, QosApplier
+from anolisnuma.qos.state import ManagedContainer, ManagedPod, QosState
+from anolisnuma.reconcile.qos import QosReconciler, ReconcileCounts
 from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.system import knobs

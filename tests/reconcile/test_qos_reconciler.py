@@ -236,7 +236,7 @@ def test_a_cgroup_that_appears_while_its_knob_is_written_gets_the_value(node, mo
     """A post-hook racing with the cgroup's creation: the write fails because the directory
     is not there yet, and the directory is there a moment later. The knob is written, not
     called missing (a container left without its group identity until the next pass)."""
-    from anolisnuma.reconcile import qos as applier_module
+    from anolisnuma.qos import applier as applier_module
     from anolisnuma.system import knobs
 
     hook = QosHook(QosConfig(), node.paths)
