@@ -1,28 +1,28 @@
-"""``QosApplier``: the decided values written to the kernel.
+"""``QosApplier``: the decided values written to the kernel's files.
 
 Read, compare, write only when different; dry run; one log line per write with pod, knob,
-path and value. Used by the QoS service at admission and by the reconciler's passes.
+path and value. The pod's decision is told to the decision sink once its knobs are first
+applied. Used by the QoS service at admission and by the reconciler's passes; the resctrl
+groups are :mod:`~anolisnuma.qos.llc`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import errno
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import structlog
 
 from anolisnuma.decision_events import DecisionEvents, QosApplied, no_events
 from anolisnuma.policies.qos.plan import KnobSetting, sched_core_conflict
-from anolisnuma.qos.state import FileTarget, ManagedContainer, ManagedPod
+from anolisnuma.qos.state import FileTarget, ManagedContainer, ManagedPod, file_targets
 from anolisnuma.system import knobs
 from anolisnuma.system.cgroups import (
-    CgroupFs, FileGone, HostFileError, KnobFileMissing, KubeQosClass,
-    PodCgroup, ReadFailed, directory_of_exists, read_int, write_text,
+    CgroupFs, FileGone, HostFileError, KnobFileMissing, KubeQosClass, ReadFailed, directory_of_exists, read_int,
+    write_text,
 )
-from anolisnuma.system.resctrl import NoClosidLeft, ResctrlFs, Schemata, render_schemata
 from anolisnuma.system.sysctl import Sysctls
 
 _LOG = "anolisnuma.qos"
@@ -50,25 +50,20 @@ class QosApplier:
     -1 while core scheduling is on (the rule lives in the policy; this checks it at write
     time because ``kernel.sched_core`` can change while the daemon runs)."""
 
-    def __init__(self, cgroups: CgroupFs, sysctls: Sysctls, resctrl: Optional[ResctrlFs],
-                 *, dry_run: bool = False, log: Any = None) -> None:
+    def __init__(self, cgroups: CgroupFs, sysctls: Sysctls, *, dry_run: bool = False, log: Any = None) -> None:
         self.cgroups = cgroups
         self.sysctls = sysctls
-        self.resctrl = resctrl
         self.dry_run = dry_run
         self.log = log if log is not None else structlog.get_logger(_LOG)
         self.sched_core_supported = False
         self.sched_core_on = False
-        # Desired global state, set by the hook at start.
+        # Desired global state, set by the service at start.
         self.root_settings: Tuple[KnobSetting, ...] = ()
         self.sysctl_settings: Tuple[KnobSetting, ...] = ()
         self.qos_dir_settings: Dict[KubeQosClass, Tuple[KnobSetting, ...]] = {}
-        self.resctrl_groups: Dict[str, Schemata] = {}     # group name -> schemata wanted
-        self.resctrl_width = 0
-        self.resctrl_ready: Set[str] = set()              # groups that exist
         self._qos_dir_targets: Dict[Any, List[FileTarget]] = {}
         self._root_targets: Optional[List[FileTarget]] = None
-        self.decisions: DecisionEvents = no_events   # told each pod's level (the QoS hook wires it)
+        self.decisions: DecisionEvents = no_events   # told each pod's level (the service wires it)
 
     # ------------------------------------------------------------------ one file
     def ensure(self, t: FileTarget, ref: str, report: ApplyReport, compare: bool = True) -> Outcome:
@@ -145,12 +140,6 @@ class QosApplier:
                 self.log.warning("knob not set", pod=ref, knob=t.knob.name, path=t.path, reason=why)
 
     # ------------------------------------------------------------------ pods
-    def pod_targets(self, cgroup: PodCgroup, settings: Iterable[KnobSetting]) -> List[FileTarget]:
-        return [FileTarget(s.knob, self.cgroups.knob_path(s.knob, cgroup.rel), s.value) for s in settings]
-
-    def container_targets(self, rel: str, settings: Iterable[KnobSetting]) -> List[FileTarget]:
-        return [FileTarget(s.knob, self.cgroups.knob_path(s.knob, rel), s.value) for s in settings]
-
     def apply_pod(self, pod: ManagedPod, compare: bool = True) -> ApplyReport:
         report = ApplyReport()
         first = not pod.applied
@@ -183,56 +172,6 @@ class QosApplier:
             ctr.applied = True
         return report
 
-    # ------------------------------------------------------------------ resctrl tasks
-    def sweep_tasks(self, pod: ManagedPod, ctr: ManagedContainer,
-                    members_cache: Optional[Dict[str, Set[str]]] = None) -> Tuple[int, bool]:
-        """Move the container's threads into the pod's resctrl group. Returns
-        ``(threads moved, container cgroup gone)``; errors are logged, never raised."""
-        group = pod.llc_group
-        if group is None or self.resctrl is None or group not in self.resctrl_ready:
-            return 0, False
-        try:
-            tids = self.cgroups.task_ids(ctr.rel)
-        except FileGone:
-            return 0, True
-        except HostFileError as e:
-            self.log.warning("cannot list container threads", pod=pod.ref, container=ctr.container_id,
-                             error=str(e))
-            return 0, False
-        if not tids:
-            return 0, False
-        try:
-            if members_cache is not None and group in members_cache:
-                members = members_cache[group]
-            else:
-                members = self.resctrl.group_tasks(group)
-                if members_cache is not None:
-                    members_cache[group] = members
-        except HostFileError as e:
-            self.log.warning("cannot read resctrl group tasks", group=group, error=str(e))
-            return 0, False
-        missing = [t for t in tids if t not in members]
-        if not missing:
-            return 0, False
-        if self.dry_run:
-            self.log.info("dry run: would move threads", pod=pod.ref, container=ctr.container_id,
-                          group=group, count=len(missing))
-            return len(missing), False
-        try:
-            refused = self.resctrl.add_tasks(group, missing)
-        except HostFileError as e:
-            self.log.error("cannot write resctrl tasks", pod=pod.ref, group=group, error=str(e))
-            return 0, False
-        real = [(t, err) for t, err in refused if err != errno.ESRCH]
-        if real:
-            self.log.warning("resctrl refused some threads", pod=pod.ref, group=group,
-                             tids=[t for t, _ in real[:10]], errno=real[0][1])
-        moved = len(missing) - len(refused)
-        members.update(t for t in missing if (t, errno.ESRCH) not in refused)
-        self.log.info("threads moved to resctrl group", pod=pod.ref, container=ctr.container_id,
-                      group=group, count=moved)
-        return moved, False
-
     # ------------------------------------------------------------------ globals
     def refresh_sched_core(self) -> None:
         if not self.sched_core_supported:
@@ -251,8 +190,7 @@ class QosApplier:
     def ensure_globals(self, report: ApplyReport) -> None:
         """Root memcg switch, sysctls and the kubelet's QoS-class directories."""
         if self._root_targets is None:
-            self._root_targets = [FileTarget(s.knob, self.cgroups.knob_path(s.knob, ""), s.value)
-                                  for s in self.root_settings]
+            self._root_targets = file_targets(self.cgroups, "", self.root_settings)
         self.ensure_all(self._root_targets, "<root cgroup>", report)
         for s in self.sysctl_settings:
             self.ensure(FileTarget(s.knob, self.sysctls.path(s.knob), s.value), "<sysctl>", report)
@@ -264,56 +202,7 @@ class QosApplier:
                 targets = []
                 for cls, settings in self.qos_dir_settings.items():
                     rel = self.cgroups.layout.qos_class_dirs[driver][cls]
-                    targets += [FileTarget(s.knob, self.cgroups.knob_path(s.knob, rel), s.value)
-                                for s in settings]
+                    targets += file_targets(self.cgroups, rel, settings)
                 self._qos_dir_targets[driver] = targets
             for t in targets:
                 self.ensure(t, f"<{driver.value} QoS-class dirs>", report)
-
-    def ensure_resctrl_groups(self, report: ApplyReport) -> None:
-        """Create missing groups and rewrite drifted schemata."""
-        if self.resctrl is None:
-            return
-        for name, want in self.resctrl_groups.items():
-            path = self.resctrl.group_dir(name)
-            if not self.resctrl.has_group(name):
-                if self.dry_run:
-                    self.log.info("dry run: would create resctrl group", group=name, path=path,
-                                  schemata=render_schemata(want, self.resctrl_width).strip())
-                    self.resctrl_ready.discard(name)
-                    continue
-                try:
-                    self.resctrl.make_group(name)
-                    self.log.info("resctrl group created", group=name, path=path)
-                except NoClosidLeft as e:
-                    self.resctrl_ready.discard(name)
-                    self.log.error("resctrl group not created: no CLOSID left; its pods stay "
-                                   "in their current group", group=name, error=str(e))
-                    continue
-                except HostFileError as e:
-                    self.resctrl_ready.discard(name)
-                    report.errors.append(e)
-                    self.log.error("resctrl group not created", group=name, error=str(e))
-                    continue
-            report.checked += 1
-            try:
-                have = self.resctrl.read_group_schemata(name)
-            except FileGone:
-                have = {}
-            except HostFileError:
-                have = {}
-            if any(have.get(res, {}).get(d) != v for res, doms in want.items() for d, v in doms.items()):
-                text = render_schemata(want, self.resctrl_width)
-                if self.dry_run:
-                    self.log.info("dry run: would write schemata", group=name, schemata=text.strip())
-                else:
-                    try:
-                        self.resctrl.write_group_schemata(name, text)
-                    except HostFileError as e:
-                        report.errors.append(e)
-                        self.resctrl_ready.discard(name)
-                        self.log.error("resctrl schemata refused", group=name, error=str(e))
-                        continue
-                    self.log.info("resctrl schemata written", group=name, schemata=text.strip())
-                report.written += 1
-            self.resctrl_ready.add(name)

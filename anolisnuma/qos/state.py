@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from anolisnuma.decision_events import QosApplied
 from anolisnuma.policies.qos.levels import QosLevel
 from anolisnuma.policies.qos.plan import KnobSetting
 from anolisnuma.system import knobs
-from anolisnuma.system.cgroups import PodCgroup
+from anolisnuma.system.cgroups import CgroupFs, PodCgroup
 
 
 @dataclass
@@ -23,6 +23,12 @@ class FileTarget:
     path: str
     value: int
     missing_logged: bool = False
+
+
+def file_targets(cgroups: CgroupFs, rel: str, settings: Iterable[KnobSetting]) -> List[FileTarget]:
+    """The files of the cgroup directory ``rel`` (relative to a hierarchy root) kept at
+    ``settings``."""
+    return [FileTarget(s.knob, cgroups.knob_path(s.knob, rel), s.value) for s in settings]
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """``QosReconciler``: keeping the kernel at the QoS values decided for each pod.
 
-A periodic pass (:meth:`QosReconciler.run_once`) that re-applies drifted values, re-creates
-resctrl groups and re-sweeps container threads into them (threads started later by
-``exec`` do not inherit the group), and forgets pods whose cgroup is gone.
+A periodic pass (:meth:`QosReconciler.run_once`) over the pods of the QoS service
+(:class:`~anolisnuma.qos.service.QosService`, which decides, keeps and writes) that has it
+re-apply drifted values, re-create resctrl groups and re-sweep container threads into them
+(threads started later by ``exec`` do not inherit the group), and forgets pods whose
+cgroup is gone.
 
 A pass over pods where nothing drifted costs one small read per managed file and one
 ``tasks`` read per container and per resctrl group; no writes.
@@ -16,8 +18,6 @@ from typing import Any, Dict, Optional, Set
 import structlog
 
 from anolisnuma.controller import Controller
-from anolisnuma.qos.applier import ApplyReport, QosApplier
-from anolisnuma.qos.state import QosState
 
 _LOG = "anolisnuma.qos"
 
@@ -35,15 +35,14 @@ class ReconcileCounts:
 
 
 class QosReconciler(Controller):
-    """Periodic re-apply over every managed pod; see the module docstring."""
+    """``QosReconciler(service, interval_seconds, log=None)``: periodic re-apply over every
+    pod of the QoS service; see the module docstring."""
 
     name = "qos-reconcile"
 
-    def __init__(self, state: QosState, applier: QosApplier, interval_seconds: float,
-                 log: Any = None) -> None:
+    def __init__(self, service: Any, interval_seconds: float, log: Any = None) -> None:
         super().__init__()
-        self.state = state
-        self.applier = applier
+        self.service = service   # the QosService (duck-typed, as the NUMA loops take theirs)
         self.interval = interval_seconds
         self.log = log if log is not None else structlog.get_logger(_LOG)
         self.last: Optional[ReconcileCounts] = None
@@ -51,37 +50,33 @@ class QosReconciler(Controller):
 
     def run_once(self) -> ReconcileCounts:
         counts = ReconcileCounts()
-        a = self.applier
-        a.refresh_sched_core()
-        report = ApplyReport()
-        a.ensure_globals(report)
-        a.ensure_resctrl_groups(report)
+        s = self.service
+        report = s.reapply_globals()
         counts.checked += report.checked
         counts.rewritten += report.written
         counts.errors += len(report.errors)
-        members: Dict[str, Set[str]] = {}
-        for pod, containers in self.state.snapshot():
+        members: Dict[str, Set[str]] = {}   # each resctrl group's threads, read once a pass
+        for pod, containers in s.snapshot():
             counts.pods += 1
-            r = a.apply_pod(pod)
+            r = s.reapply_pod(pod)
             counts.checked += r.checked
             counts.rewritten += r.written
             counts.errors += len(r.errors)
             if r.gone:
-                self.state.forget_pod(pod)
+                s.forget_pod(pod)
                 counts.forgotten += 1
                 self.log.info("pod cgroup gone; pod forgotten", pod=pod.ref, path=pod.cgroup.rel)
                 continue
             for ctr in containers:
-                r = a.apply_container(pod, ctr)
+                r = s.reapply_container(pod, ctr)
                 counts.checked += r.checked
                 counts.rewritten += r.written
                 counts.errors += len(r.errors)
                 if r.gone:
                     if ctr.applied:   # it existed and is gone now: stopped and removed
-                        self.state.forget_container(ctr.container_id)
+                        s.forget_container(ctr.container_id)
                     continue
-                moved, _ = a.sweep_tasks(pod, ctr, members)
-                counts.tasks_moved += moved
+                counts.tasks_moved += s.sweep(pod, ctr, members)
         self.last = counts
         self._add_to_total(counts)
         return counts
