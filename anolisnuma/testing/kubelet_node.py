@@ -18,9 +18,12 @@
 Why the namespace (facts checked on these machines, ../shared/k8s/README.md): the kubelet
 kills every pod sandbox its runtime lists and every ``kubepods/**/pod<uid>`` cgroup it does
 not know, so it gets a containerd and a cgroup view of its own (in each hierarchy a
-sub-cgroup ``anolisnuma-node-<name>`` is bind-mounted over the hierarchy's root with
-``mount --move``; containerd, runc and anolisnuma live in the same view, so the
-``cgroup_parent`` the kubelet sends means the same directory to all of them); it writes
+sub-cgroup ``anolisnuma-node-<name>`` is bound to a staging dir, the hierarchy's own mount
+is unmounted in the namespace and the bind moved there with ``mount --move``: left
+underneath, runc takes the hierarchy's root mount from mountinfo and fails every
+container with ``error mounting "cgroup" to rootfs``; containerd, runc and anolisnuma live
+in the same view, so the ``cgroup_parent`` the kubelet sends means the same directory to
+all of them); it writes
 host-wide sysctls unless they already hold its values, so read-only files holding those
 values are bind-mounted over the ones that differ; it hard-codes
 ``/var/lib/kubelet/device-plugins`` and ``/var/log/pods``: private directories are bound

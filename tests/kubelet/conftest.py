@@ -37,7 +37,8 @@ def control_plane() -> Iterator[PrivateControlPlane]:
 @pytest.fixture
 def make_node(control_plane: PrivateControlPlane, request: Any) -> Iterator[Callable[..., KubeletNode]]:
     """``make_node(**KubeletNode options)``: a started node, closed after the test (its
-    kubelet and daemon logs kept in /tmp/anolisnuma-kubelet-last.* when the test failed)."""
+    kubelet and daemon logs kept in /tmp/anolisnuma-kubelet-last.* when the test failed, or
+    always with ANOLISNUMA_KEEP_KUBELET_LOGS=1)."""
     made: List[KubeletNode] = []
 
     def make(**kw: Any) -> KubeletNode:
@@ -51,7 +52,7 @@ def make_node(control_plane: PrivateControlPlane, request: Any) -> Iterator[Call
         problems = []
         for node in made:
             failed = getattr(request.node, "rep_call", None)
-            if failed is None or failed.failed:
+            if failed is None or failed.failed or os.environ.get("ANOLISNUMA_KEEP_KUBELET_LOGS"):
                 for src, ext in ((node.kubelet_log_path, "kubelet.log"), (node.daemon_log_path, "anolisnuma.log")):
                     try:
                         with open(src, "rb") as f, open(f"{LAST_LOGS}.{ext}", "wb") as out:

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+import pytest
+
 from anolisnuma.testing.daemon_probes import status_when_up, wait_until
 from anolisnuma.testing.kubelet_node import KubeletNode
 from anolisnuma.testing.proxy import read_log
+
+pytestmark = pytest.mark.containerd
 
 NS = "restarts"
 RESTARTS = 4
