@@ -150,12 +150,13 @@ class KubeletNode:
     manager with CPU ``reserved_cpus`` reserved (it stays shared); ``numa``: anolisnuma's
     NUMA placement on for ``numa_namespaces`` over a fake 2-node topology (node i = CPU i,
     memory pinning off: this machine has one memory node), ``respread`` the
-    ``[numa.respread]`` table."""
+    ``[numa.respread]`` table; ``via_daemon=False``: the kubelet straight on containerd (a
+    baseline for what its log says without anolisnuma)."""
 
     def __init__(self, cp: PrivateControlPlane, base_dir: str, *, node_name: Optional[str] = None,
                  cpu_manager_static: bool = False, reserved_cpus: str = "0", numa: bool = False,
                  numa_namespaces: Sequence[str] = (), respread: Optional[Dict[str, Any]] = None,
-                 tree: str = REPO_ROOT, run_dir: Optional[str] = None) -> None:
+                 tree: str = REPO_ROOT, run_dir: Optional[str] = None, via_daemon: bool = True) -> None:
         self.cp = cp
         self.base = os.path.abspath(base_dir)
         self.name = node_name or f"an-node-{uuid.uuid4().hex[:8]}"
@@ -167,6 +168,7 @@ class KubeletNode:
         self.numa_namespaces = list(numa_namespaces)
         self.respread = dict(respread or {})
         self.tree = tree
+        self.via_daemon = via_daemon
         self.run_dir = run_dir or os.path.join("/run", os.path.basename(self.base))
         self.cgroup_name = f"anolisnuma-node-{self.name}"
         self.holder: Optional[subprocess.Popen] = None
@@ -202,6 +204,11 @@ class KubeletNode:
         return os.path.join(self.run_dir, "anolisnuma.sock")
 
     @property
+    def runtime_endpoint(self) -> str:
+        """The kubelet's: anolisnuma's socket, or containerd's own without the daemon (a baseline)."""
+        return self.socket if self.via_daemon else self.containerd.socket
+
+    @property
     def admin_socket(self) -> str:
         return os.path.join(self.run_dir, "admin.sock")
 
@@ -230,7 +237,8 @@ class KubeletNode:
                    owner=os.getpid())
         self._start_namespace()
         self._start_containerd()
-        self._start_daemon()
+        if self.via_daemon:
+            self._start_daemon()
         self._start_kubelet()
         return self
 
@@ -359,7 +367,7 @@ class KubeletNode:
         with open(config, "w") as f:
             json.dump(self._kubelet_config(), f, indent=1)
         argv = [os.path.join(k8s_dir(), KUBELET), f"--config={config}",
-                f"--kubeconfig={self.cp.admin_kubeconfig}", f"--container-runtime-endpoint=unix://{self.socket}",
+                f"--kubeconfig={self.cp.admin_kubeconfig}", f"--container-runtime-endpoint=unix://{self.runtime_endpoint}",
                 f"--hostname-override={self.name}", f"--root-dir={self.kubelet_dir}",
                 f"--cert-dir={os.path.join(self.kubelet_dir, 'pki')}", "--v=2"]
         self._kubelet_log = open(self.kubelet_log_path, "ab")

@@ -54,8 +54,9 @@ def test_restarts_and_reloads_under_the_real_kubelet_leave_no_runtime_error(make
     errors = node.runtime_errors(mark)
     assert errors == [], "\n".join(errors)
     assert node.supervisor.exits == [0] * RESTARTS and node.supervisor.starts == RESTARTS + 1
-    # a teardown through the last daemon: the kubelet's container deletor may then ask for
-    # a container its own pod removal already took (NotFound, as straight on containerd)
+    # a teardown through the last daemon: the kubelet's container deletor then asks for a
+    # container its own pod removal already took, "ContainerStatus from runtime service
+    # failed ... code = NotFound", just as straight on containerd (KubeletNode(via_daemon=False))
     mark = len(node.kubelet_log())
     node.delete_pod("steady-0", NS)
     errors = [line for line in node.runtime_errors(mark) if "code = NotFound" not in line
