@@ -34,6 +34,6 @@ parts live in the modules of this package, one concern each (:mod:`.connection` 
 
 from __future__ import annotations
 
-from anolisnuma.transport.splice.connection import Splice
+from anolisnuma.transport.splice.connection import Splice, SpliceOwner
 
-__all__ = ["Splice"]
+__all__ = ["Splice", "SpliceOwner"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import OrderedDict, deque
-from typing import TYPE_CHECKING, Any, Deque, Dict, List, Optional, Set
+from typing import Any, Deque, Dict, List, Optional, Protocol, Set
 
 from anolisnuma.transport import h2
 from anolisnuma.transport.budget import MemoryBudget
@@ -33,9 +33,6 @@ from anolisnuma.transport.splice.goodbye import Goodbye
 from anolisnuma.transport.splice.intercepted import InterceptedCalls, InterceptedStream
 from anolisnuma.transport.splice.kubelet_frames import KubeletFrames
 
-if TYPE_CHECKING:
-    from anolisnuma.transport.relay import Relay
-
 # After the relay closes a kubelet connection, how long the kubelet may take to read what
 # was written (a GOAWAY, last replies) before the connection is aborted.
 CLOSE_LINGER_SECONDS = 2.0
@@ -43,15 +40,40 @@ CLOSE_LINGER_SECONDS = 2.0
 _conn_ids = itertools.count(1)
 
 
-class Splice(KubeletFrames, ContainerdFrames, InterceptedCalls, FlowControl, Goodbye, FramePump):
-    """One kubelet connection joined to one containerd connection."""
+class SpliceOwner(Protocol):
+    """What a splice needs of whoever accepted its connection (the relay; a test's harness):
+    the interceptor and limits it runs with, the shared budget its own is drawn from, and
+    three reports. Defined here, on the splice's side, so that the splice can be read and
+    tested without the relay, which imports the splice and is never imported back."""
 
-    def __init__(self, relay: "Relay", down: asyncio.Transport) -> None:
-        self.relay = relay
-        self.interceptor = relay.interceptor
-        self.max_message_bytes = relay.max_message_bytes
+    interceptor: Any             # the pipeline (anolisnuma.pipeline.interceptor.Interceptor)
+    max_message_bytes: int
+    budget_per_connection: int
+    budget: MemoryBudget         # the daemon-wide budget, parent of each splice's own
+
+    def forget(self, splice: "Splice") -> None:
+        """The splice closed both its connections."""
+
+    def connection_failed(self, splice: "Splice", code: int, why: str) -> None:
+        """The splice ends its connection with HTTP/2 error ``code``: it cannot follow it."""
+
+    def call_refused(self, splice: "Splice", call: Any, message: str) -> None:
+        """The splice answered ``call`` RESOURCE_EXHAUSTED (a budget was spent)."""
+
+
+class Splice(KubeletFrames, ContainerdFrames, InterceptedCalls, FlowControl, Goodbye, FramePump):
+    """One kubelet connection joined to one containerd connection.
+
+    All of its state is declared here, grouped by the part that keeps it; the parts it is
+    made of (the classes above, one module each) hold the code of one concern and read that
+    state directly (the module's docstring says why)."""
+
+    def __init__(self, owner: SpliceOwner, down: asyncio.Transport) -> None:
+        self.owner = owner
+        self.interceptor = owner.interceptor
+        self.max_message_bytes = owner.max_message_bytes
         self.cid = next(_conn_ids)
-        self.budget = MemoryBudget(relay.budget_per_connection, parent=relay.budget)
+        self.budget = MemoryBudget(owner.budget_per_connection, parent=owner.budget)
         self.down = down                      # kubelet side
         self.up: Optional[asyncio.Transport] = None
         self.k2c = FrameReader(expect_preface=True)
@@ -124,14 +146,14 @@ class Splice(KubeletFrames, ContainerdFrames, InterceptedCalls, FlowControl, Goo
         self.up_queue.clear()
         self.budget.release_all()
         self._wake_idle()
-        self.relay.forget(self)
+        self.owner.forget(self)
 
     def fail(self, code: int, why: str) -> None:
         """End the connection because it cannot be followed: GOAWAY to the kubelet (when
         a frame may be put in its stream now), then close."""
         if self.closed:
             return
-        self.relay.connection_failed(self, code, why)
+        self.owner.connection_failed(self, code, why)
         if self.c2k.passing == 0:
             self.down_out.append(h2.goaway(self.max_sid, code, why.encode("utf-8", "replace")[:256]))
         self.close(f"connection ended by the relay: {why}")

@@ -169,7 +169,7 @@ class FlowControl:
         if self.budget.used + wanted > self.budget.limit:
             which = f"this connection's relay buffer budget ({self.budget.limit} bytes)"
         else:
-            which = f"the relay's buffer budget ({self.relay.budget.limit} bytes)"
+            which = f"the relay's buffer budget ({self.owner.budget.limit} bytes)"
         return f"anolisnuma: {which} is spent; retry"
 
     def _release(self, st: InterceptedStream, n: int) -> None:

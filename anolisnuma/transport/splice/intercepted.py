@@ -144,7 +144,7 @@ class InterceptedCalls:
         """Answer an intercepted call RESOURCE_EXHAUSTED before containerd ran it."""
         if st.done:
             return
-        self.relay.call_refused(self, st.call, message)
+        self.owner.call_refused(self, st.call, message)
         if not st.request_done:
             remember(self.refused, st.sid)
         self._answer(st, RESOURCE_EXHAUSTED, message)
