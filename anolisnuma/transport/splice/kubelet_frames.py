@@ -3,7 +3,8 @@
 Most frames go to containerd as they came; the splice follows the kubelet's flow-control
 window, learns each new stream's method from its request headers, hands an intercepted
 call's request to :mod:`.intercepted` (held until the pipeline decided, or copied as it
-streams through), and keeps SETTINGS it must rewrite or frames of streams it refused.
+streams through), rewrites the kubelet's SETTINGS (no dynamic header table, see
+:mod:`.header_blocks`) and drops what it sends on streams the relay refused.
 """
 
 from __future__ import annotations
