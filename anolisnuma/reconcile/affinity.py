@@ -39,7 +39,7 @@ from anolisnuma.pipeline.metrics import Counters
 from anolisnuma.policies.numa.affinity import AffinityGraph, Move, MoveConstraints, PodPlacement, free_millicpu, plan_moves
 from anolisnuma.policies.numa.config import AffinityConfig
 from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
-from anolisnuma.system.sockdiag import process_exists
+from anolisnuma.system.procfs import process_exists
 from anolisnuma.system.traffic import PodProcess, TrafficObserver
 
 log = structlog.get_logger("anolisnuma.numa.affinity")

@@ -1,20 +1,18 @@
-"""TCP sockets of network namespaces, and the processes and pods that own them.
+"""TCP sockets of a network namespace, from the kernel's socket diagnostics.
 
-What this module reads, all under the configured ``proc_root`` (``/proc`` on a host), from
-integer PIDs only (never from a string a pod supplied):
+The traffic observer reads, from integer PIDs only (never from a string a pod supplied),
+through four small rooms of ``anolisnuma.system``:
 
-- ``<pid>/ns/net``: a process's network namespace, entered with ``setns(2)`` by a
-  short-lived helper thread (:func:`run_in_netns`); the daemon's other threads never
-  change namespace, and the helper closes every descriptor it opened before it ends.
-- the kernel's socket diagnostics (``NETLINK_SOCK_DIAG``, inet_diag) inside a namespace:
-  TCP sockets (IPv4 and IPv6) with their 4-tuple, inode, cookie and the byte counters of
-  ``tcp_info`` (``tcpi_bytes_acked``, ``tcpi_bytes_received``) (:class:`DiagChannel`);
-- conntrack entries inside a namespace (``NETLINK_NETFILTER``, ctnetlink, one exact
-  lookup per connection) to see through DNAT/SNAT (:class:`ConntrackChannel`);
-- ``<pid>/net/snmp``: the namespace's TCP open counters (:func:`tcp_opens`);
-- ``<pid>/fd/*``: socket inodes a process holds (:func:`socket_inodes`);
-- ``<pid>/cgroup``: the pod a process belongs to (:func:`pod_uid_of`), with the pod cgroup
-  shapes and UID validation of :mod:`anolisnuma.system.cgroups`.
+- here: the kernel's socket diagnostics (``NETLINK_SOCK_DIAG``, inet_diag) inside a
+  namespace: TCP sockets (IPv4 and IPv6) with their 4-tuple, inode, cookie and the byte
+  counters of ``tcp_info`` (``tcpi_bytes_acked``, ``tcpi_bytes_received``)
+  (:class:`DiagChannel`), and the endpoint keys every room uses;
+- :mod:`~anolisnuma.system.conntrack`: conntrack entries inside a namespace, to see through
+  DNAT/SNAT;
+- :mod:`~anolisnuma.system.netns`: entering a process's network namespace on a short-lived
+  helper thread (the daemon's other threads never change namespace);
+- :mod:`~anolisnuma.system.procfs`: what ``/proc/<pid>`` tells (TCP open counters, socket
+  inodes, the pod a process is in).
 
 Costs worth knowing (measured on Linux 6.18; ``docs/numa.md`` has the figures): a dump
 walks the *whole* established-socket hash table of the host (``tcp_ehash_entries``;
@@ -31,18 +29,14 @@ This module only reads; deciding what the sockets mean is ``anolisnuma.system.tr
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import socket
 import struct
-import threading
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
+from typing import List, NamedTuple, Optional, Tuple
 
 from pyroute2.netlink import (
-    NETLINK_NETFILTER,
     NETLINK_SOCK_DIAG,
-    NLM_F_ACK,
     NLM_F_DUMP,
     NLM_F_REQUEST,
     NLMSG_DONE,
@@ -58,12 +52,7 @@ from pyroute2.netlink.diag import (
     SS_LAST_ACK,
     inet_diag_req,
 )
-from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
-from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_GET, NFCTAttrTuple, nfct_msg
 
-from anolisnuma.system.pod_cgroups import DEFAULT_LAYOUT, KubeletCgroupLayout
-
-CLONE_NEWNET = 0x40000000
 
 # TCP states that carry data: established and the closing states before TIME_WAIT.
 # (LISTEN, SYN_SENT/RECV, TIME_WAIT and CLOSE hold no byte counters worth reading.)
@@ -79,23 +68,20 @@ _BC_S_COND = 7
 
 # nlmsghdr, then inet_diag_msg up to idiag_inode (the 48-byte inet_diag_sockid kept raw:
 # sport, dport (big endian), src[16], dst[16], if, cookie[8]).
-_HDR = struct.Struct("=IHHII")
+NLMSG_HDR = struct.Struct("=IHHII")
 _MSG = struct.Struct("=IHHIIBBxx48s16xI")
 _REQ_BODY = struct.Struct("=BBBBI")       # inet_diag_req_v2 without its sockid
 _ATTR = struct.Struct("=HH")
-_ERRNO = struct.Struct("=i")
+NLMSG_ERRNO = struct.Struct("=i")
 _U64X2 = struct.Struct("=QQ")
 _TCPI_BYTES_ACKED = 120                  # offset of tcpi_bytes_acked in struct tcp_info
 _TCPI_MIN_LEN = 136                      # ... and the end of tcpi_bytes_received (Linux >= 4.1)
-_V4MAPPED = b"\0" * 10 + b"\xff\xff"
-_V4_LOOPBACK_PREFIX = _V4MAPPED + b"\x7f"
+V4MAPPED = b"\0" * 10 + b"\xff\xff"
+_V4_LOOPBACK_PREFIX = V4MAPPED + b"\x7f"
 _V6_LOOPBACK = b"\0" * 15 + b"\x01"
 
 _RECV_BYTES = 1 << 16
 _REFRESH_CHUNK = 32                      # exact lookups per sendmsg (their replies must fit the socket buffer)
-_CGROUP_FILE_CAP = 1 << 16
-
-T = TypeVar("T")
 
 
 class SockDiagError(OSError):
@@ -112,13 +98,13 @@ def endpoint(ip: str, port: int) -> bytes:
     if ":" in ip:
         raw = socket.inet_pton(socket.AF_INET6, ip)
     else:
-        raw = _V4MAPPED + socket.inet_pton(socket.AF_INET, ip)
+        raw = V4MAPPED + socket.inet_pton(socket.AF_INET, ip)
     return struct.pack(">H", port) + raw
 
 
 def endpoint_ip(ep: bytes) -> str:
     addr = ep[2:]
-    if addr.startswith(_V4MAPPED):
+    if addr.startswith(V4MAPPED):
         return socket.inet_ntop(socket.AF_INET, addr[12:])
     return socket.inet_ntop(socket.AF_INET6, addr)
 
@@ -199,7 +185,7 @@ def _socket_at(data: bytes, off: int, length: int) -> TcpSocket:
                 break
             a += (alen + 3) & ~3
     if family == socket.AF_INET:
-        return TcpSocket(sid[0:2] + _V4MAPPED + sid[4:8], sid[2:4] + _V4MAPPED + sid[20:24],
+        return TcpSocket(sid[0:2] + V4MAPPED + sid[4:8], sid[2:4] + V4MAPPED + sid[20:24],
                          state, inode, family, sid, acked, received)
     return TcpSocket(sid[0:2] + sid[4:20], sid[2:4] + sid[20:36],
                      state, inode, family, sid, acked, received)
@@ -211,7 +197,7 @@ def _decode(data: bytes, out: List[TcpSocket]) -> bool:
     off = 0
     end = len(data)
     while off + 16 <= end:
-        length, mtype = _HDR.unpack_from(data, off)[:2]
+        length, mtype = NLMSG_HDR.unpack_from(data, off)[:2]
         if length < 16 or off + length > end:
             raise SockDiagError(errno.EBADMSG, "truncated netlink message")
         if mtype == SOCK_DIAG_BY_FAMILY and length >= _MSG.size:
@@ -219,7 +205,7 @@ def _decode(data: bytes, out: List[TcpSocket]) -> bool:
         elif mtype == NLMSG_DONE:
             return True
         elif mtype == NLMSG_ERROR:
-            code = -_ERRNO.unpack_from(data, off + 16)[0] if length >= 20 else errno.EBADMSG
+            code = -NLMSG_ERRNO.unpack_from(data, off + 16)[0] if length >= 20 else errno.EBADMSG
             if code != 0:
                 raise SockDiagError(code, f"sock_diag: {os.strerror(code)}")
         off += (length + 3) & ~3
@@ -259,10 +245,10 @@ def _dump_request(family: int, seq: int, skip_loopback: bool) -> bytes:
         return data
     attr = _ATTR.pack(4 + len(_NOT_LOOPBACK), INET_DIAG_REQ_BYTECODE) + _NOT_LOOPBACK
     body = data[16:] + attr
-    return _HDR.pack(16 + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+    return NLMSG_HDR.pack(16 + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
 
 
-def _netlink_socket(protocol: int, timeout: float) -> socket.socket:
+def netlink_socket(protocol: int, timeout: float) -> socket.socket:
     """A blocking netlink socket whose receives give up after ``timeout`` seconds
     (``SO_RCVTIMEO``: one system call per message, where Python's own timeouts add a
     ``poll`` before each). Sending to the kernel does not block; the socket binds itself
@@ -279,7 +265,7 @@ def _netlink_socket(protocol: int, timeout: float) -> socket.socket:
     return sock
 
 
-def _recv(sock: socket.socket, what: str) -> bytes:
+def recv_reply(sock: socket.socket, what: str) -> bytes:
     try:
         return sock.recv(_RECV_BYTES)
     except (BlockingIOError, socket.timeout):
@@ -291,7 +277,7 @@ class DiagChannel:
     made. Usable from any thread afterwards; close it (or use ``with``)."""
 
     def __init__(self, timeout: float = 2.0) -> None:
-        self.sock = _netlink_socket(NETLINK_SOCK_DIAG, timeout)
+        self.sock = netlink_socket(NETLINK_SOCK_DIAG, timeout)
         self._seq = 0
 
     def close(self) -> None:
@@ -326,7 +312,7 @@ class DiagChannel:
             base = self._seq + 1
             self._seq += len(part)
             self.sock.send(b"".join(
-                _HDR.pack(72, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, base + i, 0)
+                NLMSG_HDR.pack(72, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, base + i, 0)
                 + body(s.family, socket.IPPROTO_TCP, _EXT_INFO, 0, DATA_STATES) + s.diag_id
                 for i, s in enumerate(part)))
             # One answer per request, each its own datagram: the socket, or an error.
@@ -336,7 +322,7 @@ class DiagChannel:
                 data = self._recv()
                 off = 0
                 while off + 16 <= len(data):
-                    length, mtype, _, seq, _ = _HDR.unpack_from(data, off)
+                    length, mtype, _, seq, _ = NLMSG_HDR.unpack_from(data, off)
                     if length < 16 or off + length > len(data):
                         raise SockDiagError(errno.EBADMSG, "truncated netlink message")
                     i = seq - base
@@ -351,7 +337,7 @@ class DiagChannel:
                                                    old.family, old.diag_id, acked, received)
                             pending -= 1
                         elif mtype == NLMSG_ERROR:
-                            code = -_ERRNO.unpack_from(data, off + 16)[0] if length >= 20 else errno.EBADMSG
+                            code = -NLMSG_ERRNO.unpack_from(data, off + 16)[0] if length >= 20 else errno.EBADMSG
                             if code not in (errno.ENOENT, errno.ESTALE):
                                 raise SockDiagError(code or errno.EBADMSG,
                                                     f"sock_diag lookup: {os.strerror(code or errno.EBADMSG)}")
@@ -361,302 +347,4 @@ class DiagChannel:
         return result
 
     def _recv(self) -> bytes:
-        return _recv(self.sock, "sock_diag")
-
-
-# ------------------------------------------------------------------------- conntrack
-
-Flow = Tuple[bytes, bytes]    # (source endpoint, destination endpoint)
-
-
-class ConntrackChannel:
-    """A ctnetlink socket of the namespace the calling thread is in when it is made.
-
-    :meth:`lookup` finds the TCP conntrack entry one end of a connection belongs to and
-    returns both of its directions: where the packets really went (after DNAT) and whom
-    the other end sees (after SNAT). See :func:`peer_flow`.
-    """
-
-    def __init__(self, timeout: float = 2.0) -> None:
-        self.sock = _netlink_socket(NETLINK_NETFILTER, timeout)
-        self._seq = 0
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def __enter__(self) -> "ConntrackChannel":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def lookup(self, local: bytes, remote: bytes) -> Optional[Tuple[Flow, Flow]]:
-        """``(original, reply)`` flows of the entry holding the tuple ``local -> remote`` (in
-        either direction: the kernel hashes both), or ``None`` when there is none (no
-        conntrack in this namespace, or the connection is not tracked here)."""
-        v4 = local[2:].startswith(_V4MAPPED) and remote[2:].startswith(_V4MAPPED)
-        family = socket.AF_INET if v4 else socket.AF_INET6
-        query = NFCTAttrTuple(family=family, saddr=endpoint_ip(local), daddr=endpoint_ip(remote),
-                              proto=socket.IPPROTO_TCP, sport=endpoint_port(local),
-                              dport=endpoint_port(remote))
-        msg = nfct_msg.create_from(tuple_orig=query)
-        self._seq += 1
-        msg["header"]["type"] = (NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_GET
-        msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK
-        msg["header"]["sequence_number"] = self._seq
-        msg["nfgen_family"] = family
-        msg.encode()
-        self.sock.send(bytes(msg.data[:msg["header"]["length"]]))
-        found: Optional[Tuple[Flow, Flow]] = None
-        for _ in range(64):          # an answer and an ack; anything else is not ours
-            data = _recv(self.sock, "ctnetlink")
-            off = 0
-            while off + 16 <= len(data):
-                length, mtype, _, seq, _ = _HDR.unpack_from(data, off)
-                if length < 16:
-                    raise SockDiagError(errno.EBADMSG, "truncated netlink message")
-                if seq == self._seq:
-                    if mtype == NLMSG_ERROR:
-                        code = -_ERRNO.unpack_from(data, off + 16)[0]
-                        if code == 0:
-                            return found
-                        if code == errno.ENOENT:
-                            return None
-                        raise SockDiagError(code, f"ctnetlink: {os.strerror(code)}")
-                    reply = nfct_msg(data[off:off + length])
-                    reply.decode()
-                    found = _flows(family, reply) or found
-                off += (length + 3) & ~3
-        raise SockDiagError(errno.EBADMSG, "ctnetlink: no end to the answer")
-
-
-def _flows(family: int, msg: nfct_msg) -> Optional[Tuple[Flow, Flow]]:
-    out = []
-    for name in ("CTA_TUPLE_ORIG", "CTA_TUPLE_REPLY"):
-        nla = msg.get_attr(name)
-        if nla is None:
-            return None
-        t = NFCTAttrTuple.from_netlink(family, nla)
-        if not t.saddr or not t.daddr or t.sport is None or t.dport is None:
-            return None
-        out.append((endpoint(t.saddr, t.sport), endpoint(t.daddr, t.dport)))
-    return out[0], out[1]
-
-
-def peer_flow(local: bytes, remote: bytes, orig: Flow, reply: Flow) -> Optional[Flow]:
-    """``(local, remote)`` of the other end's socket, given one end's socket and the
-    conntrack entry of their connection: the client (``orig`` is its view) talks to the
-    server whose socket is ``reply``; the server (``reply`` is its view) talks to the
-    client whose socket is ``orig``. ``None`` if the entry is not this connection's."""
-    if (local, remote) == orig:
-        return reply
-    if (local, remote) == reply:
-        return orig
-    return None
-
-
-# --------------------------------------------------------------- entering namespaces
-
-NetnsKey = Tuple[int, int]   # (st_dev, st_ino) of a namespace file: its identity
-
-
-class NetnsResult(NamedTuple):
-    pid: int
-    netns: Optional[NetnsKey]     # the namespace actually entered
-    value: object                 # what ``fn`` returned
-    error: Optional[BaseException]
-
-
-def _libc_setns() -> Callable[[int, int], None]:
-    native = getattr(os, "setns", None)   # Python >= 3.12
-    if native is not None:
-        return native
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = libc.setns
-    fn.argtypes = (ctypes.c_int, ctypes.c_int)
-    fn.restype = ctypes.c_int
-
-    def setns(fd: int, nstype: int) -> None:
-        if fn(fd, nstype) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns: {os.strerror(err)}")
-    return setns
-
-
-_setns = _libc_setns()
-
-
-def run_in_netns(proc_root: str, pids: Sequence[int], fn: Callable[[int, NetnsKey], T],
-                 timeout: float = 30.0) -> List[NetnsResult]:
-    """Call ``fn(pid, netns)`` inside the network namespace of each of ``pids``, in order,
-    on a helper thread made for this call, which goes back to its own namespace and ends
-    before this returns. ``fn`` must close what it opens (its sockets keep the namespace
-    they were made in, whatever thread uses them).
-
-    Per-PID failures (process gone, namespace not enterable, ``fn`` raised) are returned in
-    the result, not raised. Raises :class:`SockDiagError` if the helper did not finish
-    within ``timeout`` (it then finishes on its own; ``fn``'s sockets have timeouts).
-    """
-    results: List[NetnsResult] = []
-    failure: List[BaseException] = []
-
-    def worker() -> None:
-        try:
-            own = os.open(os.path.join(proc_root, "thread-self/ns/net"), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as e:
-            failure.append(e)
-            return
-        try:
-            moved = False
-            for pid in pids:
-                path = os.path.join(proc_root, str(int(pid)), "ns/net")
-                try:
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError as e:
-                    results.append(NetnsResult(pid, None, None, e))
-                    continue
-                try:
-                    st = os.fstat(fd)
-                    key = (st.st_dev, st.st_ino)
-                    _setns(fd, CLONE_NEWNET)
-                    moved = True
-                except OSError as e:
-                    results.append(NetnsResult(pid, None, None, e))
-                    continue
-                finally:
-                    os.close(fd)
-                try:
-                    results.append(NetnsResult(pid, key, fn(pid, key), None))
-                except Exception as e:  # noqa: BLE001 - handed back to the caller per PID
-                    results.append(NetnsResult(pid, key, None, e))
-            if moved:
-                _setns(own, CLONE_NEWNET)
-        except BaseException as e:  # noqa: BLE001 - the thread ends either way
-            failure.append(e)
-        finally:
-            os.close(own)
-
-    thread = threading.Thread(target=worker, name="anolisnuma-netns", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise SockDiagError(errno.ETIMEDOUT, f"namespace helper still busy after {timeout:.0f} s")
-    if failure:
-        e = failure[0]
-        if isinstance(e, OSError):
-            raise SockDiagError(e.errno or errno.EIO, f"namespace helper: {e}") from e
-        raise e
-    return results
-
-
-# ------------------------------------------------------------------------ /proc reads
-
-def netns_key(proc_root: str, pid: int) -> NetnsKey:
-    """Identity of ``pid``'s network namespace; raises OSError if the process is gone."""
-    st = os.stat(os.path.join(proc_root, str(int(pid)), "ns/net"))
-    return (st.st_dev, st.st_ino)
-
-
-def process_exists(proc_root: str, pid: int) -> bool:
-    return os.path.exists(os.path.join(proc_root, str(pid)))
-
-
-def list_pids(proc_root: str) -> List[int]:
-    return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
-
-
-def _read_bytes(path: str, cap: int = _CGROUP_FILE_CAP) -> bytes:
-    """A small proc file made by one ``show`` call (``single_open``: ``cgroup``,
-    ``net/snmp``), which one large enough read returns whole; up to ``cap`` bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, cap)
-        if len(data) >= cap // 2:              # not expected: read on, to EOF or cap
-            chunks = [data]
-            size = len(data)
-            while size < cap:
-                chunk = os.read(fd, cap - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    return data
-
-
-def _read_small(path: str, cap: int = _CGROUP_FILE_CAP) -> str:
-    return _read_bytes(path, cap).decode("ascii", "replace")
-
-
-def tcp_opens(proc_root: str, pid: int) -> int:
-    """``ActiveOpens + PassiveOpens`` of ``pid``'s network namespace (``net/snmp``): it
-    changes whenever a TCP connection is made there, so while it stands still the
-    namespace has no socket that was not there before. Raises OSError if unreadable."""
-    path = os.path.join(proc_root, str(int(pid)), "net/snmp")
-    data = _read_bytes(path)
-    head = data.find(b"Tcp: ")
-    body = data.find(b"Tcp: ", head + 5) if head >= 0 else -1
-    if body >= 0:
-        names = data[head:data.find(b"\n", head)].split()
-        end = data.find(b"\n", body)
-        values = data[body:end if end >= 0 else len(data)].split()
-        try:
-            return (int(values[names.index(b"ActiveOpens")])
-                    + int(values[names.index(b"PassiveOpens")]))
-        except (ValueError, IndexError):
-            pass
-    raise OSError(errno.EBADMSG, f"no TCP open counters in {path}")
-
-
-def socket_inodes(proc_root: str, pid: int) -> List[int]:
-    """Inodes of the sockets ``pid`` holds open (``fd/*`` links ``socket:[N]``). Empty if
-    the process is gone; descriptors closed while reading are skipped."""
-    base = os.path.join(proc_root, str(int(pid)), "fd")
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return []
-    out = []
-    for name in names:
-        try:
-            target = os.readlink(os.path.join(base, name))
-        except OSError:
-            continue
-        if target.startswith("socket:[") and target.endswith("]"):
-            try:
-                out.append(int(target[8:-1]))
-            except ValueError:
-                continue
-    return out
-
-
-def pod_uid_from_cgroup_path(path: str, layout: Optional[KubeletCgroupLayout] = None) -> Optional[str]:
-    """The pod UID in a cgroup path as ``/proc/<pid>/cgroup`` shows it, for the kubelet's
-    cgroup layout (``layout``; default: root ``/``, either driver), wherever the pod part
-    sits (a node running in a container puts a prefix before it). ``None`` when the path is
-    not inside a pod cgroup. The UID is validated by the layout's path rules."""
-    return (layout or DEFAULT_LAYOUT).pod_uid_from_cgroup_path(path)
-
-
-def pod_uid_of(proc_root: str, pid: int, layout: Optional[KubeletCgroupLayout] = None) -> Optional[str]:
-    """The UID of the pod whose cgroup ``pid`` is in (first hierarchy that names one), or
-    ``None``. Raises OSError if the process is gone."""
-    text = _read_small(os.path.join(proc_root, str(int(pid)), "cgroup"))
-    for line in text.splitlines():
-        path = line.split(":", 2)[-1]
-        uid = pod_uid_from_cgroup_path(path, layout)
-        if uid is not None:
-            return uid
-    return None
-
-
-def inode_owners(proc_root: str, pids: Iterable[int]) -> Dict[int, int]:
-    """socket inode -> PID, for the sockets ``pids`` hold (a socket shared by several of
-    them goes to the first)."""
-    owners: Dict[int, int] = {}
-    for pid in pids:
-        for inode in socket_inodes(proc_root, pid):
-            owners.setdefault(inode, pid)
-    return owners
+        return recv_reply(self.sock, "sock_diag")

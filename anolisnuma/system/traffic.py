@@ -54,9 +54,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, NamedTuple, Optional, Set, Tuple
 
-from anolisnuma.system import sockdiag
+from anolisnuma.system import conntrack, netns, procfs, sockdiag
+from anolisnuma.system.netns import NetnsKey
 from anolisnuma.system.pod_cgroups import POD_UID_RE, KubeletCgroupLayout
-from anolisnuma.system.sockdiag import NetnsKey, TcpSocket, is_loopback
+from anolisnuma.system.sockdiag import TcpSocket, is_loopback
 
 PodPair = Tuple[str, str]          # two pod UIDs, the smaller first
 
@@ -227,7 +228,7 @@ class SockDiagSource(TrafficSource):
         self.clock = clock
         self.layout = layout   # the kubelet's cgroup layout: which cgroup paths are pods'
         self._ns: Dict[NetnsKey, _NsState] = {}
-        self._nat: Dict[Tuple[NetnsKey, bytes], Optional[sockdiag.Flow]] = {}
+        self._nat: Dict[Tuple[NetnsKey, bytes], Optional[conntrack.Flow]] = {}
         self._verified: Dict[int, Tuple[NetnsKey, str]] = {}    # PID -> (namespace, its pod)
         self._last_at: Optional[float] = None
 
@@ -252,14 +253,14 @@ class SockDiagSource(TrafficSource):
         stats.namespaces = len(groups)
         managed = {uid for g in groups.values() for uid in g.uids.values()}
         try:
-            host_ns: Optional[NetnsKey] = sockdiag.netns_key(self.proc_root, self.host_pid)
+            host_ns: Optional[NetnsKey] = netns.netns_key(self.proc_root, self.host_pid)
         except OSError:
             host_ns = None
         for g in groups.values():
             g.shared = g.host_network or len(g.uids) > 1 or g.key == host_ns
             prev = self._ns.get(g.key)
             try:
-                g.opens = sockdiag.tcp_opens(self.proc_root, g.pid)
+                g.opens = procfs.tcp_opens(self.proc_root, g.pid)
             except OSError:
                 g.opens = None
             g.full = (prev is None or g.opens is None or prev.opens != g.opens
@@ -283,7 +284,7 @@ class SockDiagSource(TrafficSource):
         results: Dict[NetnsKey, object] = {}
         if todo:
             try:
-                for r in sockdiag.run_in_netns(self.proc_root, [g.pid for g in todo], read,
+                for r in netns.run_in_netns(self.proc_root, [g.pid for g in todo], read,
                                                self.timeout):
                     g = by_pid[r.pid]
                     if r.error is not None:
@@ -409,12 +410,12 @@ class SockDiagSource(TrafficSource):
                 stats.pods_skipped += 1
                 continue
             try:
-                key = sockdiag.netns_key(self.proc_root, pid)
+                key = netns.netns_key(self.proc_root, pid)
                 cached = self._verified.get(pid)
                 if cached is not None and cached[0] == key:
                     owner: Optional[str] = cached[1]
                 else:
-                    owner = sockdiag.pod_uid_of(self.proc_root, pid, self.layout)
+                    owner = procfs.pod_uid_of(self.proc_root, pid, self.layout)
                     if owner is not None:
                         self._verified[pid] = (key, owner)
             except OSError:
@@ -452,17 +453,17 @@ class SockDiagSource(TrafficSource):
                 and s.diag_id[40:48] not in st.unowned]
         owners: Dict[int, str] = {}
         if any(s.diag_id[40:48] not in known for s in todo):
-            for pid in sockdiag.list_pids(self.proc_root):
+            for pid in procfs.list_pids(self.proc_root):
                 try:
-                    owner = sockdiag.pod_uid_of(self.proc_root, pid, self.layout)
+                    owner = procfs.pod_uid_of(self.proc_root, pid, self.layout)
                     if owner is None or owner.lower() not in g.uids:
                         continue
-                    if sockdiag.netns_key(self.proc_root, pid) != g.key:
+                    if netns.netns_key(self.proc_root, pid) != g.key:
                         continue
                 except OSError:
                     continue
                 uid = g.uids[owner.lower()]
-                for inode in sockdiag.socket_inodes(self.proc_root, pid):
+                for inode in procfs.socket_inodes(self.proc_root, pid):
                     owners.setdefault(inode, uid)
         for s in todo:
             cookie = s.diag_id[40:48]
@@ -536,7 +537,7 @@ class SockDiagSource(TrafficSource):
         pending = [e for e in ends if (e.ns, e.sock.cookie) not in self._nat][:self.max_nat_lookups]
         if not pending:
             return
-        found: Dict[Tuple[NetnsKey, bytes], Optional[sockdiag.Flow]] = {}
+        found: Dict[Tuple[NetnsKey, bytes], Optional[conntrack.Flow]] = {}
         rounds: List[Tuple[Dict[NetnsKey, int], Callable[[_End], NetnsKey]]] = [
             ({g.key: g.pid for g in groups.values()}, lambda e: e.ns)]
         if host_ns is not None:
@@ -551,17 +552,17 @@ class SockDiagSource(TrafficSource):
                 continue
             keyed = {pids[k]: k for k in todo}
 
-            def look(pid: int, key: NetnsKey) -> Dict[bytes, Optional[sockdiag.Flow]]:
-                out: Dict[bytes, Optional[sockdiag.Flow]] = {}
-                with sockdiag.ConntrackChannel(self.socket_timeout) as ct:
+            def look(pid: int, key: NetnsKey) -> Dict[bytes, Optional[conntrack.Flow]]:
+                out: Dict[bytes, Optional[conntrack.Flow]] = {}
+                with conntrack.ConntrackChannel(self.socket_timeout) as ct:
                     for e in todo[keyed[pid]]:
                         stats.nat_lookups += 1
                         flows = ct.lookup(e.sock.local, e.sock.remote)
                         out[e.sock.cookie] = (None if flows is None else
-                                              sockdiag.peer_flow(e.sock.local, e.sock.remote, *flows))
+                                              conntrack.peer_flow(e.sock.local, e.sock.remote, *flows))
                 return out
             try:
-                results = sockdiag.run_in_netns(self.proc_root, list(keyed), look, self.timeout)
+                results = netns.run_in_netns(self.proc_root, list(keyed), look, self.timeout)
             except OSError as e:
                 fail(f"conntrack helper: {e}")
                 continue

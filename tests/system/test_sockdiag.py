@@ -10,11 +10,11 @@ import uuid
 
 import pytest
 
-from anolisnuma.system import sockdiag
-from anolisnuma.system.sockdiag import (
-    ConntrackChannel, DiagChannel, endpoint, endpoint_str, is_loopback, peer_flow,
-    pod_uid_from_cgroup_path, run_in_netns,
-)
+from anolisnuma.system import netns, procfs, sockdiag
+from anolisnuma.system.conntrack import ConntrackChannel, peer_flow
+from anolisnuma.system.netns import run_in_netns
+from anolisnuma.system.procfs import pod_uid_from_cgroup_path
+from anolisnuma.system.sockdiag import DiagChannel, endpoint, endpoint_str, is_loopback
 from anolisnuma.testing.netlab import lab_usable
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
@@ -140,9 +140,9 @@ def test_dump_lists_ipv4_ipv6_and_dual_stack_sockets_with_inodes_and_counters(la
     assert client[(c4, s4)].state == 1 and client[(c4, s4)].describe() == \
         f"{ip4}:{port4} -> 198.18.0.2:9000"
     # inodes are those of the processes' descriptors
-    assert client[(c4, s4)].inode in sockdiag.socket_inodes("/proc", v4.pid)
-    assert client[(c6, s6)].inode in sockdiag.socket_inodes("/proc", v6.pid)
-    owners = sockdiag.inode_owners("/proc", [v4.pid, v6.pid, sink.pid])
+    assert client[(c4, s4)].inode in procfs.socket_inodes("/proc", v4.pid)
+    assert client[(c6, s6)].inode in procfs.socket_inodes("/proc", v6.pid)
+    owners = procfs.inode_owners("/proc", [v4.pid, v6.pid, sink.pid])
     assert owners[server[(s4, c4)].inode] == sink.pid
     # namespace sees nothing of the other one's sockets
     assert not any(k[0] in (s4, s6) for k in client)
@@ -260,7 +260,7 @@ def test_run_in_netns_leaves_the_caller_where_it_was_and_closes_everything(lab):
     assert os.readlink("/proc/thread-self/ns/net") == own
     assert len(os.listdir("/proc/self/fd")) == fds
     assert threading.active_count() == threads
-    assert sockdiag.netns_key("/proc", holder.pid) == results[0].netns
+    assert netns.netns_key("/proc", holder.pid) == results[0].netns
 
     # fn's own sockets are closed by fn (DiagChannel as a context manager), also when
     # fn fails
@@ -288,12 +288,12 @@ def test_tcp_opens_moves_when_a_connection_is_made(lab):
     sink.expect("ready")
     holder = lab.spawn(a, None, "hold")
     holder.expect("ready")
-    before_a = sockdiag.tcp_opens("/proc", holder.pid)
-    before_b = sockdiag.tcp_opens("/proc", sink.pid)
-    assert sockdiag.tcp_opens("/proc", holder.pid) == before_a
+    before_a = procfs.tcp_opens("/proc", holder.pid)
+    before_b = procfs.tcp_opens("/proc", sink.pid)
+    assert procfs.tcp_opens("/proc", holder.pid) == before_a
     lab.spawn(a, None, "idle", "198.18.0.2", "9000").expect("connected")
-    assert sockdiag.tcp_opens("/proc", holder.pid) == before_a + 1              # ActiveOpens
-    wait_for(lambda: sockdiag.tcp_opens("/proc", sink.pid) == before_b + 1, "PassiveOpens")
+    assert procfs.tcp_opens("/proc", holder.pid) == before_a + 1              # ActiveOpens
+    wait_for(lambda: procfs.tcp_opens("/proc", sink.pid) == before_b + 1, "PassiveOpens")
 
 
 @needs_lab
@@ -304,11 +304,11 @@ def test_pod_of_a_process_from_its_real_cgroup(lab):
     holder.expect("ready")
     stranger = lab.spawn(a, None, "hold")
     stranger.expect("ready")
-    assert sockdiag.pod_uid_of("/proc", holder.pid) == uid
-    assert sockdiag.pod_uid_of("/proc", stranger.pid) is None
+    assert procfs.pod_uid_of("/proc", holder.pid) == uid
+    assert procfs.pod_uid_of("/proc", stranger.pid) is None
     with pytest.raises(OSError):
-        sockdiag.pod_uid_of("/proc", 2 ** 22 + 7)
-    assert holder.pid in sockdiag.list_pids("/proc")
+        procfs.pod_uid_of("/proc", 2 ** 22 + 7)
+    assert holder.pid in procfs.list_pids("/proc")
 
 
 @needs_lab
