@@ -456,6 +456,28 @@ def analyze_verify(root: str, unit: str) -> subprocess.CompletedProcess:
     return run(["systemd-analyze", "verify", "--man=no", f"--root={root}", unit], timeout=60)
 
 
+def test_the_installed_readme_and_docs_link_to_files_that_are_there(installed):
+    """The README's links to docs/ (and the docs' to each other and back) resolve in the
+    installed layout, /usr/share/doc/anolisnuma, as they do in the repository."""
+    doc = os.path.join(installed, "usr/share/doc/anolisnuma")
+    pages = [os.path.join(doc, "README.md")] + sorted(glob.glob(os.path.join(doc, "docs", "*.md")))
+    assert len(pages) > 5
+    checked, broken = 0, []
+    for page in pages:
+        with open(page, encoding="utf-8") as f:
+            text = f.read()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            path = os.path.normpath(os.path.join(os.path.dirname(page), target))
+            if not path.startswith(doc):
+                continue   # a link into the source tree (scripts/, tests/): not shipped
+            checked += 1
+            if not os.path.exists(path):
+                broken.append(f"{os.path.relpath(page, doc)} -> {target}")
+    assert checked > 5 and not broken, broken
+
+
 def test_unit_file(installed):
     unit = unit_lines(os.path.join(installed, "usr/lib/systemd/system/anolisnuma.service"))
     for line in ["Type=notify", "NotifyAccess=main", "Before=kubelet.service",
