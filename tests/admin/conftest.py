@@ -137,17 +137,21 @@ class Node:
         return self.daemon.admin.metrics.url
 
     def settle(self) -> None:
-        """Wait until the daemon recorded every call the kubelet made and their post-hooks
-        ran (both happen just after the reply reached the client)."""
+        """Wait until the daemon recorded every call the kubelet made, their post-hooks ran
+        and the state of what they removed was released (all happen just after the reply
+        reached the client)."""
         interceptor = self.daemon.interceptor
         wait_until(lambda: sum(n for n, _, _ in interceptor.call_stats.snapshot().values()) >= self.kubelet.calls,
                    "the daemon to record every call")
 
-        async def posts_running() -> int:
-            return sum(1 for t in asyncio.all_tasks() if "_run_post" in t.get_coro().__qualname__)
+        async def work_after_replies() -> int:
+            # A removal's post-hooks start its release only as they end: what settle() waited
+            # for may have started more, so count what is still there once it returns.
+            await interceptor.settle(5)
+            return len(interceptor._after_reply)
 
-        wait_until(lambda: asyncio.run_coroutine_threadsafe(posts_running(), self.proxy.loop).result(5) == 0,
-                   "the post-hooks to finish")
+        wait_until(lambda: asyncio.run_coroutine_threadsafe(work_after_replies(), self.proxy.loop).result(10) == 0,
+                   "the post-hooks and the releases they start to finish")
 
     def ctl(self, *args: str) -> Tuple[int, str, str]:
         """``anolisnuma-ctl --admin-socket <ours> ARGS`` in this process, once the daemon
