@@ -66,8 +66,6 @@ def build_hooks(config: Config) -> List[Hook]:
         wanted.append(("numa", lambda: _numa_hook(config, layout)))
     if config.qos is not None and config.qos.enabled:
         wanted.append(("qos", lambda: _qos_hook(config, layout)))
-    if config.kubernetes is not None and config.kubernetes.enabled and not any(n == "numa" for n, _ in wanted):
-        log.warning("kubernetes.kubeconfig is set but NUMA placement is off: Oenuma CRs are not watched")
     hooks: List[Hook] = []
     for name, make in wanted:
         try:
@@ -76,15 +74,30 @@ def build_hooks(config: Config) -> List[Hook]:
             if config.hooks.settings(name).failure_policy == "fail":
                 raise HookUnavailable(f"hook {name} cannot start: {e}") from e
             log.error("hook cannot start; running without it", hook=name, error=repr(e))
-    wire_decision_events(hooks)
     return hooks
 
 
-def wire_decision_events(hooks: List[Hook]) -> None:
+def build_cluster_link(config: Config, hooks: List[Hook]) -> Any:
+    """The daemon's one link to the API server (``anolisnuma/cluster/link.py``) when
+    ``[kubernetes]`` names a kubeconfig, whichever hooks run: the Oenuma rules need the NUMA
+    hook's placement service, the events on pods do not. Built before the hooks take calls
+    (the rules saved from the CRs apply from the first), and wired to every hook that
+    reports its decisions about pods."""
+    k = config.kubernetes
+    if k is None or not k.enabled:
+        return None
+    from anolisnuma.cluster.link import cluster_link, link_node_name
+
+    placement = next((h.placement for h in hooks if getattr(h, "placement", None) is not None), None)
+    link = cluster_link(k, placement, config.paths.state_dir, link_node_name(k, config.numa))
+    wire_decision_events(hooks, link)
+    return link
+
+
+def wire_decision_events(hooks: List[Hook], link: Any) -> None:
     """Give every hook that reports its decisions about pods (``use_decision_events``) the
-    sink of the NUMA hook's API server link, when there is one (events on the pods,
+    sink of the API server link, when there is one (events on the pods,
     ``anolisnuma/decision_events.py``); without it the hooks keep their no-op sink."""
-    link = next((h.cluster for h in hooks if getattr(h, "cluster", None) is not None), None)
     if link is None:
         return
     sink = link.decision_events()
@@ -101,7 +114,7 @@ class HookUnavailable(Exception):
 def _numa_hook(config: Config, layout: Any = None) -> Hook:
     from anolisnuma.hooks.numa import NumaHook
 
-    return NumaHook(config.numa, config.paths, cluster=config.kubernetes, layout=layout)
+    return NumaHook(config.numa, config.paths, layout=layout)
 
 
 def _qos_hook(config: Config, layout: Any = None) -> Hook:
@@ -141,6 +154,7 @@ class Daemon:
         self._reload_tasks: Set[asyncio.Task] = set()   # SIGHUPs' reloads in progress
         self._resync_task: Optional[asyncio.Task] = None
         self.controllers = Controllers()   # every background loop, started and stopped here
+        self.cluster: Any = None   # the API server link (anolisnuma.cluster.link.ClusterLink), when on
         self.runtime_resync: Optional[RuntimeResync] = None
         self.resynced = False
         self.ready = False
@@ -201,6 +215,9 @@ class Daemon:
                 self.exit_code = EXIT_START
                 self.failure = str(e)
                 return False
+        self.cluster = await asyncio.get_running_loop().run_in_executor(
+            self.executor, build_cluster_link, self.config, self.hooks)
+        if self._build_hooks:
             self.interceptor.set_hooks(self.hooks)
         log.info("hooks ready", hooks=[h.name for h in self.hooks])
         return True
@@ -302,6 +319,13 @@ class Daemon:
                 self.controllers.add(controller)
             for controller in loops:
                 await self._start_controller(controller)
+        if self.cluster is not None:
+            numa = next((h for h in self.hooks if getattr(h, "repinner", None) is not None), None)
+            loops = self.cluster.controllers(numa.repinner.wake if numa is not None else lambda: None)
+            for controller in loops:
+                self.controllers.add(controller)
+            for controller in loops:
+                await self._start_controller(controller)
         self.controllers.add(resync)
         await self._start_controller(resync)
         # With no periodic resync, nothing would ever turn the windows of what calls named.
@@ -350,6 +374,8 @@ class Daemon:
         if self._resync_task is not None and not self._resync_task.done():
             self._resync_task.cancel()
         self.controllers.stop_all()
+        if self.cluster is not None:
+            self.cluster.close()   # (its loops stopped, or never started: its clients closed)
         for hook in self.hooks:
             try:
                 hook.close()

@@ -13,7 +13,11 @@ private real kube-apiserver, FakeCri as containerd, NUMA on a fake 4-node topolo
   ``kubectl apply``; the time until containerd (FakeCri) is asked for the new cpuset, from
   the start of ``kubectl apply`` and from its return (p50/p99).
 
-    python3 scripts/bench_cluster.py [--crs 1000] [--events 10000] [--runs 20]
+    python3 scripts/bench_cluster.py [--crs 1000] [--events 10000] [--runs 20] [--py-spy OUT]
+
+``--py-spy OUT``: the flood's first part is sampled in the daemon by py-spy (on PATH; not a
+dependency of the project), every thread, into OUT (py-spy's "raw" format: one line per
+stack, folded, with its count; sort by count, or feed it to a flame graph tool).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -106,6 +111,9 @@ class Daemon:
         except CtlError:   # (the admin socket comes up after the CRI socket)
             return {}
 
+    def rules_passes(self) -> int:
+        return ask(self.admin, "status", {}, timeout=30)["controllers"]["cluster-rules"]["runs"]
+
     def version_latencies(self, n: int) -> List[float]:
         out = []
         for _ in range(n):
@@ -129,6 +137,7 @@ def main() -> None:
     ap.add_argument("--crs", type=int, default=1000)
     ap.add_argument("--events", type=int, default=10000)
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--py-spy", default="", metavar="OUT", help="sample the daemon during the flood into OUT")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="anolisnuma-bench-cluster-")
     cp = PrivateControlPlane.start_new()
@@ -181,12 +190,18 @@ def measure(d: Daemon, cp: PrivateControlPlane, fake: FakeCri, args: argparse.Na
     c0 = d.cluster()
     events0, writes0, cpu0 = c0["events"], c0["status_writes"], cpu_seconds(d.pid)
     threads0 = thread_cpu(d.pid)
+    passes0 = d.rules_passes()
 
     def patch(i: int) -> None:
         req = urllib.request.Request(f"{cp.server}/apis/{G}/{V}/namespaces/bench/oenumas/cr-{i % args.crs}",
                                      data=json.dumps({"spec": {"replicas": i + 1}}).encode(), method="PATCH",
                                      headers={"Content-Type": "application/merge-patch+json"})
         urllib.request.urlopen(req, context=ctx, timeout=60).read()
+    spy = None
+    if args.py_spy:
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(d.pid), "--format", "raw", "--output", args.py_spy,
+                                "--rate", "250", "--threads", "--nonblocking"], stdout=subprocess.DEVNULL)
+        time.sleep(1)   # (attached)
     with ThreadPoolExecutor(8) as pool:     # the daemon's CPU per event: no CRI call meanwhile
         list(pool.map(patch, range(args.events)))
     last = int(cp.request("GET", f"/apis/{G}/{V}/namespaces/bench/oenumas/cr-0")["metadata"]["resourceVersion"])
@@ -194,13 +209,17 @@ def measure(d: Daemon, cp: PrivateControlPlane, fake: FakeCri, args: argparse.Na
     wait_until(lambda: not d.cluster().get("status_failures") and d.cluster()["status_writes"] > writes0,
                "the statuses written", WAIT_SECONDS, POLL)
     time.sleep(1)
+    if spy is not None:
+        spy.send_signal(2)   # (SIGINT: py-spy writes what it sampled)
+        spy.wait(60)
     c1 = d.cluster()
     events, writes = c1["events"] - events0, c1["status_writes"] - writes0
+    passes = d.rules_passes() - passes0
     cpu = cpu_seconds(d.pid) - cpu0
     threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu(d.pid).items()}
     busiest = ", ".join(f"{k} {v * 1e6 / events:.0f}" for k, v in sorted(threads.items(), key=lambda kv: -kv[1])[:4])
     print(f"flood: {args.events} spec changes -> {events} watch events (with those of the daemon's own "
-          f"{writes} status writes), daemon CPU {cpu * 1e6 / events:.0f} us per event "
+          f"{writes} status writes; {passes} passes of the rules loop), daemon CPU {cpu * 1e6 / events:.0f} us per event "
           f"(by thread, us per event: {busiest}), RSS after "
           f"{rss(d.pid) / 1e6:.1f} MB")
     during: List[float] = []

@@ -49,9 +49,7 @@ def placement(daemon: "DaemonView") -> Optional["PlacementService"]:
 
 def cluster(daemon: "DaemonView") -> Optional[Dict[str, Any]]:
     """The API server link (connection, CRs, rules in force) when ``[kubernetes]`` is on."""
-    from anolisnuma.hooks.numa import NumaHook
-
-    link = next((h.cluster for h in daemon.hooks if isinstance(h, NumaHook) and h.cluster is not None), None)
+    link = getattr(daemon, "cluster", None)
     return link.status() if link is not None else None
 
 

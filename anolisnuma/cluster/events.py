@@ -83,6 +83,7 @@ class EventRecorder(Controller):
         self.dropped_rate = 0
         self.dropped_full = 0
         self.failed = 0
+        self.state = "connecting"   # "up" once an event was sent, "down"/"refused" after a failure
 
     # ------------------------------------------------------------------ recording (any thread)
     def record(self, event: Event) -> bool:
@@ -116,9 +117,12 @@ class EventRecorder(Controller):
             try:
                 self._send(event, when)
                 sent += 1
+                self.state = "up"
             except ApiError as e:
                 self.failed += 1
                 self.last_error = str(e)[:300]
+                self.state = "refused" if e.status in (401, 403) else ("down" if e.status in (0, 200) or
+                                                                       e.status >= 500 else "up")
                 log.debug("event not sent", reason=event.reason, regarding=event.regarding.name, error=str(e)[:200])
 
     def _send(self, event: Event, when: float) -> None:

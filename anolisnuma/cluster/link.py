@@ -1,11 +1,21 @@
-"""``ClusterLink``: one node's link to the API server, built by the NUMA hook.
+"""``ClusterLink``: one node's link to the API server, owned by the daemon.
 
-It holds the CRs seen, loads the last rules saved (so they apply from the first
-CreateContainer after a restart, whether or not the API server answers), and hands the
-daemon its loops: ``cluster-watch`` (list + watch), ``cluster-rules`` (rules, re-pins,
-status) and ``cluster-events`` (events on pods and CRs), and the policies their sink for
-what they decide about pods (:meth:`ClusterLink.decision_events`). :meth:`ClusterLink.status`
-is what ``anolisnuma-ctl status`` shows.
+Built once by the daemon when ``[kubernetes]`` names a kubeconfig, whichever hooks run:
+
+- with NUMA placement on (the placement service given): the Oenuma CRs seen, the last
+  rules saved (loaded here, so they apply from the first CreateContainer after a restart,
+  whether or not the API server answers), the ``cluster-watch`` loop (list + watch) and
+  the ``cluster-rules`` loop (rules, re-pins, status);
+- whenever ``[kubernetes] events`` is on: the ``cluster-events`` loop (events on pods and
+  CRs) and the policies' sink for what they decide about pods
+  (:meth:`ClusterLink.decision_events`): the QoS hook's events do not need NUMA;
+- with ``[kubernetes] topology`` on and NUMA placement on: the ``cluster-topology`` loop.
+  Without NUMA placement no NodeResourceTopology is published (logged once): its
+  ``available`` is the placement service's accounting, and a zone without it would tell
+  the scheduler that a busy node is empty.
+
+:meth:`ClusterLink.status` is what ``anolisnuma-ctl status`` shows; :meth:`close` ends
+the loops and closes every client (the daemon calls it at shutdown, started or not).
 """
 
 from __future__ import annotations
@@ -21,54 +31,79 @@ from anolisnuma.controller import Controller
 from anolisnuma.decision_events import DecisionEvents, no_events
 
 if TYPE_CHECKING:
+    from anolisnuma.cluster.events import EventRecorder
     from anolisnuma.cluster.pod_events import PodEventSink
+    from anolisnuma.cluster.report import StatusReporter
+    from anolisnuma.cluster.sync import ClusterSync
     from anolisnuma.cluster.topology_publisher import TopologyPublisher
+    from anolisnuma.cluster.watcher import OenumaWatcher
 
 log = structlog.get_logger("anolisnuma.cluster")
 
 
 class ClusterLink:
-    """``ClusterLink(config, placement, state_dir, node_name)``; raises
+    """``ClusterLink(config, placement, state_dir, node_name)``; ``placement`` is the NUMA
+    hook's PlacementService, or None when NUMA placement is off (events only). Raises
     :class:`~anolisnuma.cluster.kubeconfig.KubeconfigError` when the kubeconfig is unusable."""
 
-    def __init__(self, config: KubernetesConfig, placement: Any, state_dir: str, node_name: str) -> None:
+    def __init__(self, config: KubernetesConfig, placement: Optional[Any], state_dir: str, node_name: str) -> None:
         # (lightkube is imported here, by the loops' modules: a node without [kubernetes]
         # does not pay for it)
         from anolisnuma.cluster.events import EventRecorder
         from anolisnuma.cluster.kube_client import KubeClient
         from anolisnuma.cluster.pod_events import PodEventSink
-        from anolisnuma.cluster.report import StatusReporter
-        from anolisnuma.cluster.sync import ClusterSync
-        from anolisnuma.cluster.topology_publisher import TopologyPublisher
-        from anolisnuma.cluster.watcher import OenumaWatcher
 
         kubeconfig = load_kubeconfig(config.kubeconfig)
         timeout = config.request_timeout_seconds
         self.config = config
+        self.server = kubeconfig.server
         self.node_name = node_name
-        self.crs = OenumaSet(node_name)
-        self.rules_file = RulesFile(state_dir)
         self._wake_repin: Callable[[], None] = lambda: None
-        self.events = None
+        self.events: Optional[EventRecorder] = None
         self.pod_events: Optional[PodEventSink] = None
         if config.events:
             self.events = EventRecorder(KubeClient(kubeconfig, timeout), node_name)
             self.pod_events = PodEventSink(self.events, node_name)
-        reporter = None
+        self.crs: Optional[OenumaSet] = None
+        self.reporter: Optional[StatusReporter] = None
+        self.sync: Optional[ClusterSync] = None
+        self.watcher: Optional[OenumaWatcher] = None
+        self.topology: Optional[TopologyPublisher] = None
+        self.saved_crs = 0
+        if placement is not None:
+            self._watch_crs(config, kubeconfig, placement, state_dir, timeout)
+            if config.topology:
+                from anolisnuma.cluster.topology_publisher import TopologyPublisher
+
+                self.topology = TopologyPublisher(KubeClient(kubeconfig, timeout), placement, node_name,
+                                                  config.topology_interval_seconds, config.topology_manager_policy,
+                                                  config.topology_manager_scope)
+            return
+        if config.topology:
+            log.warning("kubernetes.topology is on but NUMA placement is off: no NodeResourceTopology is "
+                        "published (its available CPUs and memory are the placement service's accounting)",
+                        node_name=node_name)
+        log.info("API server link without NUMA placement: events only, no Oenuma CRs watched",
+                 server=kubeconfig.server, node_name=node_name, events=config.events)
+
+    def _watch_crs(self, config: KubernetesConfig, kubeconfig: Any, placement: Any, state_dir: str,
+                   timeout: float) -> None:
+        from anolisnuma.cluster.kube_client import KubeClient
+        from anolisnuma.cluster.report import StatusReporter
+        from anolisnuma.cluster.sync import ClusterSync
+        from anolisnuma.cluster.watcher import OenumaWatcher
+
+        node_name = self.node_name
+        self.crs = OenumaSet(node_name)
+        rules_file = RulesFile(state_dir)
         if config.write_status:
-            reporter = StatusReporter(KubeClient(kubeconfig, timeout), node_name,
-                                      events=self.events)
-        self.sync = ClusterSync(placement, self.crs, RuleBook(node_name, placement.topology), self.rules_file,
-                                lambda: self._wake_repin(), reporter, events=self.events)
+            self.reporter = StatusReporter(KubeClient(kubeconfig, timeout), node_name, events=self.events)
+        self.sync = ClusterSync(placement, self.crs, RuleBook(node_name, placement.topology), rules_file,
+                                lambda: self._wake_repin(), self.reporter, events=self.events)
         self.watcher = OenumaWatcher(KubeClient(kubeconfig, timeout), self.crs,
                                      self.sync.wake, watch_timeout=config.watch_timeout_seconds,
                                      backoff_max=config.backoff_max_seconds)
-        self.topology: Optional[TopologyPublisher] = None
-        if config.topology:
-            self.topology = TopologyPublisher(KubeClient(kubeconfig, timeout), placement, node_name,
-                                              config.topology_interval_seconds, config.topology_manager_policy,
-                                              config.topology_manager_scope)
-        saved = self.rules_file.load(node_name)
+        saved = rules_file.load(node_name)
         self.saved_crs = len(saved or ())
         if saved:
             self.crs.replace(saved)
@@ -77,11 +112,12 @@ class ClusterLink:
                  saved_crs=self.saved_crs, rules=len(self.rules()), status=config.write_status,
                  topology=config.topology)
 
-    def controllers(self, wake_repin: Callable[[], None]) -> List[Controller]:
-        """The watch loop and the rules loop (and the events and topology loops when on);
-        ``wake_repin()`` makes the re-pinner apply the re-pins the rules caused at once."""
+    def controllers(self, wake_repin: Callable[[], None] = lambda: None) -> List[Controller]:
+        """The watch and rules loops (with NUMA placement), the events and topology loops
+        (when on); ``wake_repin()`` makes the NUMA hook's re-pinner apply the re-pins the
+        rules caused at once."""
         self._wake_repin = wake_repin
-        return [self.watcher, self.sync] + [c for c in (self.events, self.topology) if c is not None]
+        return [c for c in (self.watcher, self.sync, self.events, self.topology) if c is not None]
 
     def decision_events(self) -> DecisionEvents:
         """The sink for the policies' decisions about pods: events on the pods when
@@ -89,34 +125,73 @@ class ClusterLink:
         return self.pod_events if self.pod_events is not None else no_events
 
     def rules(self) -> List[str]:
-        return [r.describe() for cr in self.sync.current for r in cr.rules]
+        return [r.describe() for cr in self.sync.current for r in cr.rules] if self.sync is not None else []
 
     def status(self) -> Dict[str, Any]:
         """The connection, the CRs and the rules in force (plain data)."""
-        w = self.watcher
-        rules_from = "apiserver" if w.lists else ("saved" if self.saved_crs else "none")
-        return {"node_name": self.node_name, **w.connection(), "rules_from": rules_from,
-                "crs_naming_node": len(self.sync.current),
-                "crs_skipped": [cr.ref for cr in self.sync.current if cr.error],
-                "rules": self.rules(), **self.sync.counts(), **(self.events.counts() if self.events else {}),
-                **({"pod_events": self.pod_events.counts()} if self.pod_events is not None else {}),
-                **({"topology": self.topology.topology_status()} if self.topology is not None else {})}
+        out: Dict[str, Any] = {"node_name": self.node_name}
+        w, sync = self.watcher, self.sync
+        if w is not None and sync is not None:
+            rules_from = "apiserver" if w.lists else ("saved" if self.saved_crs else "none")
+            out.update(w.connection(), rules_from=rules_from, crs_naming_node=len(sync.current),
+                       crs_skipped=[cr.ref for cr in sync.current if cr.error], rules=self.rules(), **sync.counts())
+        else:
+            out.update(self._events_connection(), rules_from="off (NUMA placement is off)", rules=[])
+        if self.events is not None:
+            out.update(self.events.counts())
+        if self.pod_events is not None:
+            out["pod_events"] = self.pod_events.counts()
+        if self.topology is not None:
+            out["topology"] = self.topology.topology_status()
+        return out
+
+    def _events_connection(self) -> Dict[str, Any]:
+        """Without the watch, the connection is what the last event sent tells."""
+        ev = self.events
+        if ev is None:
+            return {"server": self.server, "state": "idle", "last_error": None}
+        failing = ev.state in ("down", "refused")
+        return {"server": self.server, "state": ev.state, "last_error": (ev.last_error or None) if failing else None}
+
+    def close(self) -> None:
+        """Stop the loops (idempotent) and close every client, the loops' and the
+        status reporter's."""
+        for c in (self.watcher, self.sync, self.events, self.topology):
+            if c is not None:
+                c.stop()
+        if self.reporter is not None:
+            try:
+                self.reporter.client.close()
+            except Exception as e:
+                log.debug("status client did not close cleanly", error=str(e)[:200])
 
 
-def cluster_link(config: Optional[KubernetesConfig], placement: Any, state_dir: str,
+def link_node_name(config: KubernetesConfig, numa: Optional[Any]) -> str:
+    """``[kubernetes] node_name``, else what ``[numa] node_name`` resolves to (the host's
+    name when both are empty)."""
+    if config.node_name:
+        return config.node_name.lower()
+    if numa is not None:
+        return numa.effective_node_name()
+    import socket
+
+    return socket.gethostname().strip().lower()
+
+
+def cluster_link(config: Optional[KubernetesConfig], placement: Optional[Any], state_dir: str,
                  node_name: str) -> Optional[ClusterLink]:
     """The link when ``[kubernetes]`` names a kubeconfig; None (logged) when it names none
-    or an unusable one: the node then runs with its own rules only."""
+    or an unusable one: the node then runs with its own rules only, and no events."""
     if config is None or not config.enabled:
         return None
     from anolisnuma.cluster.kubeconfig import KubeconfigError
 
     try:
-        return ClusterLink(config, placement, state_dir, config.node_name.lower() or node_name)
+        return ClusterLink(config, placement, state_dir, node_name)
     except KubeconfigError as e:
-        log.error("kubernetes.kubeconfig unusable; no Oenuma CRs from the API server", error=str(e))
+        log.error("kubernetes.kubeconfig unusable; no API server link (no Oenuma CRs, no events)", error=str(e))
         return None
     except ImportError as e:
-        log.error("lightkube, the Kubernetes client, cannot be imported; no Oenuma CRs from the API server",
-                  error=str(e))
+        log.error("lightkube, the Kubernetes client, cannot be imported; no API server link (no Oenuma CRs, "
+                  "no events)", error=str(e))
         return None

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from anolisnuma.policies.numa.rules import (
     OENUMA_API_VERSION, OENUMA_KIND, PinRule, RuleFileError, parse_oenuma_documents)
@@ -73,13 +73,16 @@ def trim(obj: Dict[str, Any]) -> Dict[str, Any]:
 
 class OenumaSet:
     """The CRs seen (see the module docstring); thread-safe. ``version`` grows whenever
-    the CRs naming this node change."""
+    the CRs naming this node change, and :meth:`changes` says which did (the rules loop
+    takes only those again: a flood of changes to one CR among a thousand costs one CR's
+    work per pass, not a thousand)."""
 
     def __init__(self, node_name: str) -> None:
         self.node_name = node_name
         self._lock = threading.Lock()
         self._keys: Dict[Key, str] = {}            # every CR seen: its resourceVersion
         self._mine: Dict[Key, Dict[str, Any]] = {}  # the CRs naming this node, trimmed
+        self._changed: Set[Key] = set()             # CRs of _mine added, changed or gone since changes()
         self.version = 0
 
     def replace(self, objects: Iterable[Any]) -> bool:
@@ -94,7 +97,16 @@ class OenumaSet:
             if names_node(obj, self.node_name):
                 mine[key] = trim(obj)
         with self._lock:
-            changed = mine != self._mine
+            old = self._mine
+            # (an object unchanged keeps the one held: the rules made of it stay as they are)
+            for key, obj in mine.items():
+                was = old.get(key)
+                if was is not None and was == obj:
+                    mine[key] = was
+                else:
+                    self._changed.add(key)
+            self._changed.update(key for key in old if key not in mine)
+            changed = mine != old
             self._keys, self._mine = keys, mine
             if changed:
                 self.version += 1
@@ -114,6 +126,7 @@ class OenumaSet:
                 self._mine[key] = new
             elif self._mine.pop(key, None) is None:
                 return False
+            self._changed.add(key)
             self.version += 1
             return True
 
@@ -125,6 +138,7 @@ class OenumaSet:
             self._keys.pop(key, None)
             if self._mine.pop(key, None) is None:
                 return False
+            self._changed.add(key)
             self.version += 1
             return True
 
@@ -136,6 +150,13 @@ class OenumaSet:
         """``(version, the CRs naming this node in namespace/name order)``."""
         with self._lock:
             return self.version, [self._mine[k] for k in sorted(self._mine)]
+
+    def changes(self) -> Tuple[int, Dict[Key, Optional[Dict[str, Any]]]]:
+        """``(version, {key: the CR now, or None when it no longer names this node})`` of
+        the CRs naming this node that changed since the last call (the first call: all)."""
+        with self._lock:
+            changed, self._changed = self._changed, set()
+            return self.version, {k: self._mine.get(k) for k in changed}
 
 
 @dataclass
@@ -156,8 +177,8 @@ class CrRules:
 
 
 class RuleBook:
-    """Turns the CRs naming this node into rules, parsing each CR again only when its
-    spec changed."""
+    """Turns the CRs naming this node into rules (:meth:`parse` one CR; :meth:`rules_of`
+    a whole list, parsing again only the CRs that changed)."""
 
     def __init__(self, node_name: str, topology: NumaTopology) -> None:
         self.node_name = node_name
@@ -175,13 +196,13 @@ class RuleBook:
             # (OenumaSet replaces a CR's object only when it changed: an unchanged CR is the
             # same object, and a pass over a thousand CRs costs no comparison of their specs)
             same = known is not None and (known[0] is obj or known[0] == obj)
-            cr = known[1] if known is not None and same else self._parse(key, obj)
+            cr = known[1] if known is not None and same else self.parse(key, obj)
             parsed[key] = (obj, cr)
             out.append(cr)
         self._parsed = parsed
         return out
 
-    def _parse(self, key: Key, obj: Dict[str, Any]) -> CrRules:
+    def parse(self, key: Key, obj: Dict[str, Any]) -> CrRules:
         meta = obj.get("metadata") or {}
         generation = meta.get("generation")
         cr = CrRules(key=key, generation=generation if isinstance(generation, int) else 0,

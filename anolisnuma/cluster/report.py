@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import structlog
 
@@ -58,16 +58,23 @@ class StatusReporter:
         self._placed: Any = None                             # the placement entries were made from
         self._placed_version = 0
         self._transitions: Dict[Key, Tuple[str, str]] = {}       # Applied: (status, lastTransitionTime)
+        self._left: Dict[Key, Optional[CrRules]] = {}            # entries to look at again (None: remove)
         self.writes = 0
         self.removals = 0
         self.failures = 0
         self.last_error = ""
 
-    def report(self, crs: List[CrRules], placement: Any, interrupted: Callable[[], bool] = lambda: False) -> int:
+    def report(self, crs: List[CrRules], placement: Any, interrupted: Callable[[], bool] = lambda: False,
+               changed: Optional[Mapping[Key, Optional[CrRules]]] = None) -> int:
         """Write every entry that changed (``placement`` is the PlacementService); returns
         how many requests succeeded. When ``interrupted()`` turns true (the CRs changed
         again), the entries left are written at the next pass: rules and re-pins come
-        before reports."""
+        before reports.
+
+        ``changed``: the CRs changed since the last call (None: a CR no longer naming this
+        node), when the caller knows; then, unless the placements changed meanwhile, only
+        those and the entries left over from before (failed, interrupted) are looked at:
+        a flood of changes to a few CRs among a thousand does not walk the thousand."""
         allocations = placement.allocations()
         pending: Set[str] = placement.pending_pods()
         pool = placement.shared_pool
@@ -76,16 +83,28 @@ class StatusReporter:
         placed = (str(pool), frozenset(pending), tuple(sorted(
             (a.pod_uid, a.namespace, a.name, a.nodes, str(a.home), str(a.mems), a.source,
              placement.rule_failure(a.pod_uid)) for a in allocations)))
+        everything = changed is None or placed != self._placed
         if placed != self._placed:
             self._placed, self._placed_version = placed, self._placed_version + 1
+        if everything:
+            self._left = {}
+            current = {cr.key for cr in crs}
+            present: List[CrRules] = crs
+            gone = [k for k in self._written if k not in current]
+        else:
+            left, self._left = self._left, {}
+            left.update(changed or {})
+            present = [cr for _, cr in sorted((k, cr) for k, cr in left.items() if cr is not None)]
+            gone = [k for k, cr in left.items() if cr is None and k in self._written]
         done = 0
-        current = set()
-        for cr in crs:
-            current.add(cr.key)
+        for cr in present:
             made_of = self._inputs.get(cr.key)
             # (the CR's rules are the same object until its spec changes: held here, its
             # identity cannot be reused by another)
-            if interrupted() or (made_of is not None and made_of[0] is cr and made_of[1] == self._placed_version):
+            if made_of is not None and made_of[0] is cr and made_of[1] == self._placed_version:
+                continue
+            if interrupted():
+                self._left[cr.key] = cr
                 continue
             entry = node_entry(self.node_name, cr, allocations, pool, placement.rule_of, pending,
                                placement.rule_failure)
@@ -94,14 +113,17 @@ class StatusReporter:
             if self._written.get(cr.key) != text:
                 self._stamp(cr.key, entry)
                 if not self._apply(cr, entry):
+                    self._left[cr.key] = cr
                     continue
                 self._written[cr.key] = text
                 self.writes += 1
                 done += 1
             self._inputs[cr.key] = (cr, self._placed_version)
-        for key in [k for k in self._written if k not in current and not interrupted()]:
-            gone = CrRules(key=key, generation=0, uid="")
-            if self._apply(gone, None):
+        for key in gone:
+            if interrupted():
+                self._left[key] = None
+                continue
+            if self._apply(CrRules(key=key, generation=0, uid=""), None):
                 self.removals += 1
                 done += 1
             self._written.pop(key, None)

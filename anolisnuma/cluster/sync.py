@@ -21,6 +21,7 @@ taken at once. While re-pins are pending, the next pass comes after
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -28,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 import structlog
 
 from anolisnuma.cluster.events import Event, EventRecorder, oenuma_regarding
-from anolisnuma.cluster.oenumas import CrRules, OenumaSet, RuleBook, RulesFile
+from anolisnuma.cluster.oenumas import CrRules, Key, OenumaSet, RuleBook, RulesFile
 from anolisnuma.cluster.report import StatusReporter
 from anolisnuma.controller import Controller
 
@@ -57,7 +58,10 @@ class ClusterSync(Controller):
         self.wake_repin = wake_repin
         self.reporter = reporter
         self.interval = self.every = interval_seconds
-        self.current: List[CrRules] = []
+        self.current: List[CrRules] = []       # the CRs naming this node, in namespace/name order
+        self._by_key: Dict[Key, CrRules] = {}
+        self._order: List[Key] = []           # the keys of current, in its order
+        self._unreported: Dict[Key, Optional[CrRules]] = {}   # changed since the last report (None: gone)
         self._version: Optional[int] = None
         self._persisted: Optional[int] = None
         self._lock = threading.Lock()
@@ -71,37 +75,69 @@ class ClusterSync(Controller):
     def use_rules(self, persist: bool = True) -> bool:
         """Give the placement service the rules of the CRs naming this node, when they
         changed; True when they did. ``persist=False`` for the CRs loaded from the state
-        file at start."""
+        file at start.
+
+        Only the CRs that changed since the last call are parsed again (``OenumaSet.changes``);
+        the others keep their :class:`CrRules` object, which the status reporter takes as
+        "nothing new"; and the rules go to the placement service only when some CR's rules
+        differ: a CR whose spec changed and whose rules did not (a field the rules do not
+        read, another node's entry) costs its parse and its status entry, nothing more."""
         with self._lock:
-            version, objects = self.crs.mine()
-            if version == self._version:
+            if self.crs.version == self._version:
                 return False
-            old = {cr.key: cr for cr in self.current}
-            crs = self.book.rules_of(objects)
-            for cr in crs:
-                if cr.error and old.get(cr.key) is not cr:
-                    log.error("Oenuma CR skipped: malformed", cr=cr.ref, generation=cr.generation, error=cr.error)
-                    if self.events is not None:
-                        self.events.record(Event(oenuma_regarding(cr.key[0], cr.key[1], cr.uid), "Warning",
-                                                 "OenumaMalformed", "Skip",
-                                                 f"{self.crs.node_name}: skipped: {cr.error}"))
-                for problem in cr.problems if old.get(cr.key) is not cr else ():
-                    log.warning("Oenuma CR entry ignored", cr=cr.ref, problem=problem)
-            self.skipped_crs = sum(1 for cr in crs if cr.error)
-            self.current = crs
+            version, changed = self.crs.changes()
             self._version = version
-            changed = self.placement.set_cluster_rules([r for cr in crs for r in cr.rules])
-            if changed:
+            if not changed:
+                return False
+            rules_changed = members_changed = False
+            for key, obj in changed.items():
+                was = self._by_key.get(key)
+                cr = self._take(key, obj, was)
+                if (was is None) != (cr is None):
+                    members_changed = True
+                if (was.rules if was is not None else []) != (cr.rules if cr is not None else []):
+                    rules_changed = True
+                self.skipped_crs += (cr is not None and bool(cr.error)) - (was is not None and bool(was.error))
+                if self.reporter is not None:
+                    self._unreported[key] = cr
+            if members_changed:
+                self._order = sorted(self._by_key)
+                self.current = [self._by_key[k] for k in self._order]
+            else:   # (the same CRs, some of them changed: each in its place, a copy of the list)
+                crs = list(self.current)
+                for key in changed:
+                    if key in self._by_key:   # (not one that named this node neither before nor now)
+                        crs[bisect.bisect_left(self._order, key)] = self._by_key[key]
+                self.current = crs
+            crs = self.current
+            changed_rules = rules_changed and self.placement.set_cluster_rules([r for cr in crs for r in cr.rules])
+            if changed_rules:
                 self.rule_changes += 1
                 log.info("NUMA placement rules from Oenuma CRs", crs=[cr.ref for cr in crs],
                          rules=[r.describe() for cr in crs for r in cr.rules], skipped=self.skipped_crs or None)
-            if persist and (changed or self._persisted is None):
+            if persist and (changed_rules or self._persisted is None):
                 # (a spec change that leaves the rules as they were needs no fsync: a flood of
                 # such changes would cost one per pass)
-                self._save(version, objects)
-            else:
+                self._save(*self.crs.mine())
+            elif not persist:
                 self._persisted = version   # (they were read from the file)
-            return changed
+            return changed_rules
+
+    def _take(self, key: Key, obj: Optional[Dict[str, Any]], was: Optional[CrRules]) -> Optional[CrRules]:
+        """The CR of ``key`` parsed again (None: it no longer names this node), told when
+        malformed or when entries of it are dropped."""
+        if obj is None:
+            self._by_key.pop(key, None)
+            return None
+        cr = self._by_key[key] = self.book.parse(key, obj)
+        if cr.error:
+            log.error("Oenuma CR skipped: malformed", cr=cr.ref, generation=cr.generation, error=cr.error)
+            if self.events is not None:
+                self.events.record(Event(oenuma_regarding(cr.key[0], cr.key[1], cr.uid), "Warning",
+                                         "OenumaMalformed", "Skip", f"{self.crs.node_name}: skipped: {cr.error}"))
+        for problem in cr.problems if was is None or was.problems != cr.problems else ():
+            log.warning("Oenuma CR entry ignored", cr=cr.ref, problem=problem)
+        return cr
 
     def _save(self, version: int, objects: List[Dict[str, Any]]) -> None:
         if version == self._persisted:
@@ -129,7 +165,9 @@ class ClusterSync(Controller):
             self.repins += moved
             self.wake_repin()
         if self.reporter is not None:
-            self.reporter.report(self.current, self.placement, interrupted=self._wake.is_set)
+            with self._lock:
+                changed, self._unreported = self._unreported, {}
+            self.reporter.report(self.current, self.placement, interrupted=self._wake.is_set, changed=changed)
         self.interval = PENDING_INTERVAL if self.placement.pending_pods() else self.every
         return moved
 

@@ -66,11 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("pod", metavar="POD", help="namespace/name, pod UID, or sandbox ID (or its first digits)")
         p.set_defaults(func=run_admin_command)
     try:
-        from anolisnuma.ctl import kubelet
+        from anolisnuma.ctl.kubelet import cli as kubelet_cli
     except ImportError:  # pragma: no cover - shipped together
-        kubelet = None  # type: ignore[assignment]
-    if kubelet is not None:
-        kubelet.add_parser(sub)
+        kubelet_cli = None  # type: ignore[assignment]
+    if kubelet_cli is not None:
+        kubelet_cli.add_parser(sub)
     from anolisnuma.ctl import kubeconfig
 
     kubeconfig.add_parser(sub)

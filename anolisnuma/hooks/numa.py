@@ -21,8 +21,9 @@ never holds capacity.
 
 Background loops (:meth:`NumaHook.controllers`): the watcher of the kubelet checkpoint and
 rule files, the re-pinner, traffic affinity when ``[numa.affinity]`` is on, re-spread when
-``[numa.respread]`` is on (the default), and the Oenuma
-CRs of the API server when ``[kubernetes]`` names a kubeconfig (``anolisnuma/cluster``).
+``[numa.respread]`` is on (the default). The Oenuma CRs of the API server are the daemon's
+link's (``anolisnuma/cluster/link.py``), which gives their rules to this hook's placement
+service and wakes its re-pinner (:attr:`NumaHook.repinner`).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class NumaHook(Hook):
     name = "numa"
 
     def __init__(self, config: NumaConfig, paths: PathsConfig, topology: Optional[NumaTopology] = None,
-                 cluster: Any = None, layout: Optional[KubeletCgroupLayout] = None) -> None:
+                 layout: Optional[KubeletCgroupLayout] = None) -> None:
         self.config = config
         self.paths = paths
         self.layout = layout   # the kubelet's cgroup layout (None: root /, either driver)
@@ -87,7 +88,7 @@ class NumaHook(Hook):
         self.placement: Optional[PlacementService] = None
         self.affinity: Optional["AffinityController"] = None   # made by controllers() when on
         self.respread: Any = None   # the RespreadController, made by controllers() when on
-        self.cluster: Any = None   # anolisnuma.cluster.link.ClusterLink
+        self.repinner: Any = None   # the CpusetRepinner, made by controllers()
         self.decisions: DecisionEvents = no_events
         if not config.enabled:
             return
@@ -96,11 +97,6 @@ class NumaHook(Hook):
             CpuManagerStateFile(paths.kubelet_cpu_manager_state), NumaStateFile(paths.state_dir),
             CgroupFs(paths.cgroup_root, layout))
         p = self.placement
-        if cluster is not None and cluster.enabled:
-            from anolisnuma.cluster.link import cluster_link
-
-            # (the rules saved from the CRs apply before any loop runs or call comes)
-            self.cluster = cluster_link(cluster, p, paths.state_dir, p.node_name)
         log.info("NUMA placement enabled", topology=p.topology.describe(), shared_pool=str(p.shared_pool),
                  kubelet_policy=p.kubelet_state.policy, allocations=len(p.ledger), rules=p.rule_count)
 
@@ -123,6 +119,7 @@ class NumaHook(Hook):
         loops: List[Controller] = [PlacementWatcher(self.placement, self.config.poll_interval_seconds)]
         repinner = CpusetRepinner(self.placement, connect(None), applied=store.set_cpuset if store is not None else None)
         loops.append(repinner)
+        self.repinner = repinner
         if self.config.affinity.enabled:
             self.affinity = _affinity_controller(self.placement, self.config, self.paths, connect, repinner,
                                                  self.layout)
@@ -137,8 +134,6 @@ class NumaHook(Hook):
                                                groups=aff.affine_groups if aff is not None else None,
                                                check_interval=self.config.poll_interval_seconds)
             loops.append(self.respread)
-        if self.cluster is not None:
-            loops.extend(self.cluster.controllers(repinner.wake))
         return loops
 
     def holders(self) -> List[PodStateHolder]:

@@ -1,13 +1,10 @@
-"""Keeping the kernel at the QoS values decided for each pod.
+"""``QosReconciler``: keeping the kernel at the QoS values decided for each pod.
 
-- :class:`QosState` -- the managed pods and containers: for each, the files and values
-  decided when it was admitted (by the QoS hook or the start-up resync).
-- :class:`QosApplier` -- read, compare, write only when different; dry run; one log line per
-  write with pod, knob, path and value. Used by the hook (at creation) and the reconciler.
-- :class:`QosReconciler` -- a periodic pass (:meth:`QosReconciler.run_once`) that re-applies
-  drifted values, re-creates resctrl groups and re-sweeps container threads into them
-  (threads started later by ``exec`` do not inherit the group), and forgets pods whose
-  cgroup is gone.
+A periodic pass (:meth:`QosReconciler.run_once`) over the pods of the QoS service
+(:class:`~anolisnuma.qos.service.QosService`, which decides, keeps and writes) that has it
+re-apply drifted values, re-create resctrl groups and re-sweep container threads into them
+(threads started later by ``exec`` do not inherit the group), and forgets pods whose
+cgroup is gone.
 
 A pass over pods where nothing drifted costs one small read per managed file and one
 ``tasks`` read per container and per resctrl group; no writes.
@@ -15,80 +12,14 @@ A pass over pods where nothing drifted costs one small read per managed file and
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import errno
-import threading
-from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Set
 
 import structlog
 
 from anolisnuma.controller import Controller
-from anolisnuma.decision_events import DecisionEvents, QosApplied, no_events
-from anolisnuma.policies.qos.levels import QosLevel
-from anolisnuma.policies.qos.plan import KnobSetting, sched_core_conflict
-from anolisnuma.system import knobs
-from anolisnuma.system.cgroups import (
-    CgroupFs, FileGone, HostFileError, KnobFileMissing, KubeQosClass,
-    PodCgroup, ReadFailed, directory_of_exists, read_int, write_text,
-)
-from anolisnuma.system.resctrl import NoClosidLeft, ResctrlFs, Schemata, render_schemata
-from anolisnuma.system.sysctl import Sysctls
 
 _LOG = "anolisnuma.qos"
-
-
-class Outcome(enum.Enum):
-    UNCHANGED = "unchanged"
-    WRITTEN = "written"
-    WOULD_WRITE = "would_write"     # dry run
-    SKIPPED = "skipped"             # a rule forbids the value now (sched_core)
-    MISSING = "missing"             # directory there, file not (kernel lacks it here)
-    GONE = "gone"                   # directory gone (pod or container removed)
-
-
-@dataclass
-class FileTarget:
-    """One kernel file kept at one value."""
-
-    knob: knobs.Knob
-    path: str
-    value: int
-    missing_logged: bool = False
-
-
-@dataclass
-class ManagedContainer:
-    container_id: str
-    rel: str                                  # cgroup dir relative to a hierarchy root
-    targets: List[FileTarget]
-    applied: bool = False                     # its cgroup existed once and got the values
-
-
-@dataclass
-class ManagedPod:
-    uid: str
-    ref: str
-    level: QosLevel
-    source: str
-    cgroup: PodCgroup
-    targets: List[FileTarget]
-    container_settings: Tuple[KnobSetting, ...]
-    llc_group: Optional[str] = None           # resctrl group its threads go to
-    why: str = ""                             # the annotation, label or class behind the level
-    sandbox_ids: Set[str] = field(default_factory=set)
-    containers: Dict[str, ManagedContainer] = field(default_factory=dict)
-    applied: bool = False
-    told: Optional[QosApplied] = None         # the decision, told once its knobs are first applied
-
-
-@dataclass
-class ApplyReport:
-    checked: int = 0
-    written: int = 0
-    gone: bool = False
-    errors: List[HostFileError] = field(default_factory=list)
 
 
 @dataclass
@@ -103,400 +34,15 @@ class ReconcileCounts:
     errors: int = 0
 
 
-class QosState:
-    """Managed pods by UID, with indexes by sandbox and container ID. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pods: Dict[str, ManagedPod] = {}
-        self._by_sandbox: Dict[str, str] = {}
-        self._by_container: Dict[str, str] = {}
-
-    def put(self, pod: ManagedPod) -> None:
-        with self._lock:
-            old = self._pods.get(pod.uid)
-            if old is not None:
-                pod.sandbox_ids |= old.sandbox_ids
-                for cid, c in old.containers.items():
-                    pod.containers.setdefault(cid, c)
-            self._pods[pod.uid] = pod
-            for sid in pod.sandbox_ids:
-                self._by_sandbox[sid] = pod.uid
-            for cid in pod.containers:
-                self._by_container[cid] = pod.uid
-
-    def by_uid(self, uid: str) -> Optional[ManagedPod]:
-        with self._lock:
-            return self._pods.get(uid)
-
-    def bind_sandbox(self, uid: str, sandbox_id: str) -> None:
-        with self._lock:
-            pod = self._pods.get(uid)
-            if pod is not None and sandbox_id:
-                pod.sandbox_ids.add(sandbox_id)
-                self._by_sandbox[sandbox_id] = uid
-
-    def by_sandbox(self, sandbox_id: str) -> Optional[ManagedPod]:
-        with self._lock:
-            uid = self._by_sandbox.get(sandbox_id)
-            return self._pods.get(uid) if uid else None
-
-    def by_container(self, container_id: str) -> Tuple[Optional[ManagedPod], Optional[ManagedContainer]]:
-        with self._lock:
-            uid = self._by_container.get(container_id)
-            pod = self._pods.get(uid) if uid else None
-            return pod, (pod.containers.get(container_id) if pod else None)
-
-    def add_container(self, pod: ManagedPod, ctr: ManagedContainer) -> None:
-        with self._lock:
-            pod.containers[ctr.container_id] = ctr
-            self._by_container[ctr.container_id] = pod.uid
-
-    def forget_container(self, container_id: str) -> bool:
-        with self._lock:
-            uid = self._by_container.pop(container_id, None)
-            pod = self._pods.get(uid) if uid else None
-            return bool(pod and pod.containers.pop(container_id, None))
-
-    def forget_sandbox(self, sandbox_id: str) -> Optional[ManagedPod]:
-        """Drop ``sandbox_id``; the pod is forgotten (and returned) when it was its last."""
-        with self._lock:
-            uid = self._by_sandbox.pop(sandbox_id, None)
-            pod = self._pods.get(uid) if uid else None
-            if pod is None:
-                return None
-            pod.sandbox_ids.discard(sandbox_id)
-            if pod.sandbox_ids:
-                return None
-            self._drop(pod)
-            return pod
-
-    def forget_pod(self, pod: ManagedPod) -> None:
-        with self._lock:
-            if self._pods.get(pod.uid) is pod:
-                self._drop(pod)
-
-    def forget_uid(self, uid: str) -> Optional[ManagedPod]:
-        """Drop the pod ``uid`` with every sandbox and container (returned when known)."""
-        with self._lock:
-            pod = self._pods.get(uid)
-            if pod is not None:
-                self._drop(pod)
-            return pod
-
-    def keys(self) -> Tuple[List[str], List[str], List[str]]:
-        """(the UIDs of pods that have no sandbox, every sandbox ID, every container ID).
-        A pod with a sandbox is named by it: its UID is the one its cgroup path spells."""
-        with self._lock:
-            return ([uid for uid, p in self._pods.items() if not p.sandbox_ids],
-                    list(self._by_sandbox), list(self._by_container))
-
-    def container_count(self) -> int:
-        with self._lock:
-            return len(self._by_container)
-
-    def _drop(self, pod: ManagedPod) -> None:
-        self._pods.pop(pod.uid, None)
-        for sid in pod.sandbox_ids:
-            if self._by_sandbox.get(sid) == pod.uid:
-                del self._by_sandbox[sid]
-        for cid in pod.containers:
-            if self._by_container.get(cid) == pod.uid:
-                del self._by_container[cid]
-
-    def snapshot(self) -> List[Tuple[ManagedPod, List[ManagedContainer]]]:
-        with self._lock:
-            return [(p, list(p.containers.values())) for p in self._pods.values()]
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._pods)
-
-
-class QosApplier:
-    """Applies decided values to the kernel. Decides nothing, except refusing group identity
-    -1 while core scheduling is on (the rule lives in the policy; this checks it at write
-    time because ``kernel.sched_core`` can change while the daemon runs)."""
-
-    def __init__(self, cgroups: CgroupFs, sysctls: Sysctls, resctrl: Optional[ResctrlFs],
-                 *, dry_run: bool = False, log: Any = None) -> None:
-        self.cgroups = cgroups
-        self.sysctls = sysctls
-        self.resctrl = resctrl
-        self.dry_run = dry_run
-        self.log = log if log is not None else structlog.get_logger(_LOG)
-        self.sched_core_supported = False
-        self.sched_core_on = False
-        # Desired global state, set by the hook at start.
-        self.root_settings: Tuple[KnobSetting, ...] = ()
-        self.sysctl_settings: Tuple[KnobSetting, ...] = ()
-        self.qos_dir_settings: Dict[KubeQosClass, Tuple[KnobSetting, ...]] = {}
-        self.resctrl_groups: Dict[str, Schemata] = {}     # group name -> schemata wanted
-        self.resctrl_width = 0
-        self.resctrl_ready: Set[str] = set()              # groups that exist
-        self._qos_dir_targets: Dict[Any, List[FileTarget]] = {}
-        self._root_targets: Optional[List[FileTarget]] = None
-        self.decisions: DecisionEvents = no_events   # told each pod's level (the QoS hook wires it)
-
-    # ------------------------------------------------------------------ one file
-    def ensure(self, t: FileTarget, ref: str, report: ApplyReport, compare: bool = True) -> Outcome:
-        """Bring one file to its value. Errors other than a vanished directory or a missing
-        file are appended to ``report.errors``.
-
-        ``compare`` reads the file first and writes only when it differs (the reconciler);
-        without it the value is written straight away (a new cgroup at creation time, where
-        the read would only add a syscall). A dry run always compares.
-        """
-        why = sched_core_conflict(t.knob, t.value, self.sched_core_on)
-        if why is not None:
-            return Outcome.SKIPPED
-        old: Optional[int] = None
-        if compare or self.dry_run:
-            report.checked += 1
-            try:
-                old = read_int(t.path)
-            except FileGone as e:
-                return self._absent(t, ref, e)
-            except ReadFailed:
-                old = None
-            if old == t.value:
-                return Outcome.UNCHANGED
-        if self.dry_run:
-            self.log.info("dry run: would write", pod=ref, knob=t.knob.name, path=t.path,
-                          value=t.value, old=old)
-            report.written += 1
-            return Outcome.WOULD_WRITE
-        try:
-            try:
-                write_text(t.path, str(t.value))
-            except (FileGone, KnobFileMissing):
-                if not directory_of_exists(t.path):
-                    raise
-                # The directory is there now: it may have appeared (with its files) just
-                # after the write failed. Once more before the file is called missing.
-                write_text(t.path, str(t.value))
-        except (FileGone, KnobFileMissing) as e:
-            return self._absent(t, ref, e)
-        except HostFileError as e:
-            self.log.error("knob write refused", pod=ref, knob=t.knob.name, path=t.path,
-                           value=t.value, error=str(e))
-            report.errors.append(e)
-            return Outcome.SKIPPED
-        if compare:
-            self.log.info("knob written", pod=ref, knob=t.knob.name, path=t.path, value=t.value, old=old)
-        else:
-            self.log.info("knob written", pod=ref, knob=t.knob.name, path=t.path, value=t.value)
-        report.written += 1
-        return Outcome.WRITTEN
-
-    def _absent(self, t: FileTarget, ref: str, e: HostFileError) -> Outcome:
-        if directory_of_exists(t.path):
-            if not t.missing_logged:
-                t.missing_logged = True
-                self.log.warning("knob file missing in this cgroup; skipped", pod=ref,
-                                 knob=t.knob.name, path=t.path)
-            return Outcome.MISSING
-        return Outcome.GONE
-
-    def ensure_all(self, targets: Iterable[FileTarget], ref: str, report: ApplyReport,
-                   compare: bool = True) -> None:
-        """Apply every target; stops early (``report.gone``) when the directory vanished."""
-        for t in targets:
-            if self.ensure(t, ref, report, compare) is Outcome.GONE:
-                report.gone = True
-                return
-
-    def log_sched_core_skips(self, targets: Iterable[FileTarget], ref: str) -> None:
-        for t in targets:
-            why = sched_core_conflict(t.knob, t.value, self.sched_core_on)
-            if why:
-                self.log.warning("knob not set", pod=ref, knob=t.knob.name, path=t.path, reason=why)
-
-    # ------------------------------------------------------------------ pods
-    def pod_targets(self, cgroup: PodCgroup, settings: Iterable[KnobSetting]) -> List[FileTarget]:
-        return [FileTarget(s.knob, self.cgroups.knob_path(s.knob, cgroup.rel), s.value) for s in settings]
-
-    def container_targets(self, rel: str, settings: Iterable[KnobSetting]) -> List[FileTarget]:
-        return [FileTarget(s.knob, self.cgroups.knob_path(s.knob, rel), s.value) for s in settings]
-
-    def apply_pod(self, pod: ManagedPod, compare: bool = True) -> ApplyReport:
-        report = ApplyReport()
-        first = not pod.applied
-        if pod.targets:
-            self.ensure_all(pod.targets, pod.ref, report, compare)
-        elif not self.cgroups.exists(pod.cgroup.rel) and not self.cgroups.exists(pod.cgroup.rel, "memory"):
-            report.gone = True
-        if not report.gone:
-            pod.applied = True
-            # Told once: at creation, or when a pass first finds the values not there yet
-            # (a pod whose values a restart finds in place was told before the restart).
-            if first and pod.told is not None and (not compare or report.written or report.errors):
-                told, pod.told = pod.told, None
-                self._tell(pod, told, report)
-        return report
-
-    def _tell(self, pod: ManagedPod, told: QosApplied, report: ApplyReport) -> None:
-        missing = tuple(t.knob.name for t in pod.targets if t.missing_logged)
-        self.decisions(dataclasses.replace(
-            told, knobs=tuple(k for k in told.knobs if k[0] not in missing), lacking=told.lacking + missing,
-            refused=tuple(str(e)[:200] for e in report.errors[:3])))
-
-    def apply_container(self, pod: ManagedPod, ctr: ManagedContainer, compare: bool = True) -> ApplyReport:
-        report = ApplyReport()
-        if ctr.targets:
-            self.ensure_all(ctr.targets, pod.ref, report, compare)
-        elif not self.cgroups.exists(ctr.rel):
-            report.gone = True
-        if not report.gone:
-            ctr.applied = True
-        return report
-
-    # ------------------------------------------------------------------ resctrl tasks
-    def sweep_tasks(self, pod: ManagedPod, ctr: ManagedContainer,
-                    members_cache: Optional[Dict[str, Set[str]]] = None) -> Tuple[int, bool]:
-        """Move the container's threads into the pod's resctrl group. Returns
-        ``(threads moved, container cgroup gone)``; errors are logged, never raised."""
-        group = pod.llc_group
-        if group is None or self.resctrl is None or group not in self.resctrl_ready:
-            return 0, False
-        try:
-            tids = self.cgroups.task_ids(ctr.rel)
-        except FileGone:
-            return 0, True
-        except HostFileError as e:
-            self.log.warning("cannot list container threads", pod=pod.ref, container=ctr.container_id,
-                             error=str(e))
-            return 0, False
-        if not tids:
-            return 0, False
-        try:
-            if members_cache is not None and group in members_cache:
-                members = members_cache[group]
-            else:
-                members = self.resctrl.group_tasks(group)
-                if members_cache is not None:
-                    members_cache[group] = members
-        except HostFileError as e:
-            self.log.warning("cannot read resctrl group tasks", group=group, error=str(e))
-            return 0, False
-        missing = [t for t in tids if t not in members]
-        if not missing:
-            return 0, False
-        if self.dry_run:
-            self.log.info("dry run: would move threads", pod=pod.ref, container=ctr.container_id,
-                          group=group, count=len(missing))
-            return len(missing), False
-        try:
-            refused = self.resctrl.add_tasks(group, missing)
-        except HostFileError as e:
-            self.log.error("cannot write resctrl tasks", pod=pod.ref, group=group, error=str(e))
-            return 0, False
-        real = [(t, err) for t, err in refused if err != errno.ESRCH]
-        if real:
-            self.log.warning("resctrl refused some threads", pod=pod.ref, group=group,
-                             tids=[t for t, _ in real[:10]], errno=real[0][1])
-        moved = len(missing) - len(refused)
-        members.update(t for t in missing if (t, errno.ESRCH) not in refused)
-        self.log.info("threads moved to resctrl group", pod=pod.ref, container=ctr.container_id,
-                      group=group, count=moved)
-        return moved, False
-
-    # ------------------------------------------------------------------ globals
-    def refresh_sched_core(self) -> None:
-        if not self.sched_core_supported:
-            return
-        try:
-            value = self.sysctls.read(knobs.SCHED_CORE)
-        except HostFileError:
-            return
-        on = bool(value)
-        if on != self.sched_core_on:
-            self.sched_core_on = on
-            self.log.warning("kernel.sched_core changed", value=int(on),
-                             effect=("group identity -1 is not written while it is 1" if on
-                                     else "group identity -1 is written again"))
-
-    def ensure_globals(self, report: ApplyReport) -> None:
-        """Root memcg switch, sysctls and the kubelet's QoS-class directories."""
-        if self._root_targets is None:
-            self._root_targets = [FileTarget(s.knob, self.cgroups.knob_path(s.knob, ""), s.value)
-                                  for s in self.root_settings]
-        self.ensure_all(self._root_targets, "<root cgroup>", report)
-        for s in self.sysctl_settings:
-            self.ensure(FileTarget(s.knob, self.sysctls.path(s.knob), s.value), "<sysctl>", report)
-        if not self.qos_dir_settings:
-            return
-        for driver in self.cgroups.drivers_present():
-            targets = self._qos_dir_targets.get(driver)
-            if targets is None:
-                targets = []
-                for cls, settings in self.qos_dir_settings.items():
-                    rel = self.cgroups.layout.qos_class_dirs[driver][cls]
-                    targets += [FileTarget(s.knob, self.cgroups.knob_path(s.knob, rel), s.value)
-                                for s in settings]
-                self._qos_dir_targets[driver] = targets
-            for t in targets:
-                self.ensure(t, f"<{driver.value} QoS-class dirs>", report)
-
-    def ensure_resctrl_groups(self, report: ApplyReport) -> None:
-        """Create missing groups and rewrite drifted schemata."""
-        if self.resctrl is None:
-            return
-        for name, want in self.resctrl_groups.items():
-            path = self.resctrl.group_dir(name)
-            if not self.resctrl.has_group(name):
-                if self.dry_run:
-                    self.log.info("dry run: would create resctrl group", group=name, path=path,
-                                  schemata=render_schemata(want, self.resctrl_width).strip())
-                    self.resctrl_ready.discard(name)
-                    continue
-                try:
-                    self.resctrl.make_group(name)
-                    self.log.info("resctrl group created", group=name, path=path)
-                except NoClosidLeft as e:
-                    self.resctrl_ready.discard(name)
-                    self.log.error("resctrl group not created: no CLOSID left; its pods stay "
-                                   "in their current group", group=name, error=str(e))
-                    continue
-                except HostFileError as e:
-                    self.resctrl_ready.discard(name)
-                    report.errors.append(e)
-                    self.log.error("resctrl group not created", group=name, error=str(e))
-                    continue
-            report.checked += 1
-            try:
-                have = self.resctrl.read_group_schemata(name)
-            except FileGone:
-                have = {}
-            except HostFileError:
-                have = {}
-            if any(have.get(res, {}).get(d) != v for res, doms in want.items() for d, v in doms.items()):
-                text = render_schemata(want, self.resctrl_width)
-                if self.dry_run:
-                    self.log.info("dry run: would write schemata", group=name, schemata=text.strip())
-                else:
-                    try:
-                        self.resctrl.write_group_schemata(name, text)
-                    except HostFileError as e:
-                        report.errors.append(e)
-                        self.resctrl_ready.discard(name)
-                        self.log.error("resctrl schemata refused", group=name, error=str(e))
-                        continue
-                    self.log.info("resctrl schemata written", group=name, schemata=text.strip())
-                report.written += 1
-            self.resctrl_ready.add(name)
-
-
 class QosReconciler(Controller):
-    """Periodic re-apply over every managed pod; see the module docstring."""
+    """``QosReconciler(service, interval_seconds, log=None)``: periodic re-apply over every
+    pod of the QoS service; see the module docstring."""
 
     name = "qos-reconcile"
 
-    def __init__(self, state: QosState, applier: QosApplier, interval_seconds: float,
-                 log: Any = None) -> None:
+    def __init__(self, service: Any, interval_seconds: float, log: Any = None) -> None:
         super().__init__()
-        self.state = state
-        self.applier = applier
+        self.service = service   # the QosService (duck-typed, as the NUMA loops take theirs)
         self.interval = interval_seconds
         self.log = log if log is not None else structlog.get_logger(_LOG)
         self.last: Optional[ReconcileCounts] = None
@@ -504,37 +50,33 @@ class QosReconciler(Controller):
 
     def run_once(self) -> ReconcileCounts:
         counts = ReconcileCounts()
-        a = self.applier
-        a.refresh_sched_core()
-        report = ApplyReport()
-        a.ensure_globals(report)
-        a.ensure_resctrl_groups(report)
+        s = self.service
+        report = s.reapply_globals()
         counts.checked += report.checked
         counts.rewritten += report.written
         counts.errors += len(report.errors)
-        members: Dict[str, Set[str]] = {}
-        for pod, containers in self.state.snapshot():
+        members: Dict[str, Set[str]] = {}   # each resctrl group's threads, read once a pass
+        for pod, containers in s.snapshot():
             counts.pods += 1
-            r = a.apply_pod(pod)
+            r = s.reapply_pod(pod)
             counts.checked += r.checked
             counts.rewritten += r.written
             counts.errors += len(r.errors)
             if r.gone:
-                self.state.forget_pod(pod)
+                s.forget_pod(pod)
                 counts.forgotten += 1
                 self.log.info("pod cgroup gone; pod forgotten", pod=pod.ref, path=pod.cgroup.rel)
                 continue
             for ctr in containers:
-                r = a.apply_container(pod, ctr)
+                r = s.reapply_container(pod, ctr)
                 counts.checked += r.checked
                 counts.rewritten += r.written
                 counts.errors += len(r.errors)
                 if r.gone:
                     if ctr.applied:   # it existed and is gone now: stopped and removed
-                        self.state.forget_container(ctr.container_id)
+                        s.forget_container(ctr.container_id)
                     continue
-                moved, _ = a.sweep_tasks(pod, ctr, members)
-                counts.tasks_moved += moved
+                counts.tasks_moved += s.sweep(pod, ctr, members)
         self.last = counts
         self._add_to_total(counts)
         return counts

@@ -35,7 +35,10 @@ PREFACE_WAIT_SECONDS = 1.0
 
 
 class Relay:
-    """Accepts kubelet connections and splices each onto a new containerd connection."""
+    """Accepts kubelet connections and splices each onto a new containerd connection.
+
+    It is each splice's :class:`~anolisnuma.transport.splice.SpliceOwner`: what a splice
+    needs of it is that narrow view, so the splice never imports the relay."""
 
     def __init__(self, upstream: str, interceptor: Any, connect_timeout: float = 1.0,
                  max_message_bytes: int = 16 * MIB, budget_per_connection: int = 32 * MIB,

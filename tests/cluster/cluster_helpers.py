@@ -58,9 +58,7 @@ class Node:
 
     @property
     def link(self) -> Any:
-        from anolisnuma.hooks.numa import NumaHook
-
-        return next(h.cluster for h in self.proxy.daemon.hooks if isinstance(h, NumaHook))
+        return self.proxy.daemon.cluster
 
     def nodes_of(self, pod: Pod) -> Optional[tuple]:
         alloc = self.placement.ledger.get(pod.uid)

@@ -45,9 +45,7 @@ class QosNode:
 
     @property
     def link(self) -> Any:
-        from anolisnuma.hooks.numa import NumaHook
-
-        return next(h.cluster for h in self.proxy.daemon.hooks if isinstance(h, NumaHook))
+        return self.proxy.daemon.cluster
 
     def run_pod(self, name: str, annotations: Dict[str, str], millicpu: int = 10) -> Tuple[str, float]:
         """A pod of one container through the proxy (its cgroup made first, as the

@@ -95,8 +95,7 @@ def test_a_full_queue_holds_no_more_and_counts_the_rest() -> None:
 
 
 class _Hook:
-    def __init__(self, cluster: Any = None) -> None:
-        self.cluster = cluster
+    def __init__(self) -> None:
         self.sink: Any = None
 
     def use_decision_events(self, sink: Any) -> None:
@@ -113,10 +112,10 @@ class _Link:
 
 def test_the_daemon_wires_the_links_sink_to_every_hook_that_tells() -> None:
     sink = PodEventSink(recorder([0.0]), "n1")
-    numa, qos, quiet = _Hook(_Link(sink)), _Hook(), object()
-    wire_decision_events([numa, qos, quiet])   # type: ignore[list-item]
+    numa, qos, quiet = _Hook(), _Hook(), object()
+    wire_decision_events([numa, qos, quiet], _Link(sink))   # type: ignore[list-item]
     assert numa.sink is sink and qos.sink is sink
     alone = _Hook()
-    wire_decision_events([alone])   # type: ignore[list-item]   # no API server link: the no-op stays
+    wire_decision_events([alone], None)   # type: ignore[list-item]   # no API server link: the no-op stays
     assert alone.sink is None
     assert no_events(QosSkipped(POD, "x")) is None

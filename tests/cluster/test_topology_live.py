@@ -37,7 +37,9 @@ def test_the_node_publishes_its_zones_and_they_follow_placements(cluster: Cluste
     node = start_node(str(tmp_path), sockdir, cluster.kubeconfig, name, topology=True,
                       topology_interval_seconds=1.0, topology_manager_policy="single-numa-node")
     try:
-        obj = wait_until(lambda: published(cluster, name), "the NodeResourceTopology published")
+        # (the object is on the API server a moment before the publisher counts its apply)
+        obj = wait_until(lambda: node.link.topology.publishes >= 1 and published(cluster, name),
+                         "the NodeResourceTopology published")
         gib4 = str(4 * 1024 ** 3)
         assert zone_resources(obj) == {f"node-{n}": {"cpu": ("2", "2", "2"), "memory": (gib4, gib4, gib4)}
                                        for n in range(4)}

@@ -201,8 +201,9 @@ def test_the_daemon_package_never_forks():
     """grpc's fork support is off (GRPC_ENABLE_FORK_SUPPORT unset): a fork after the first
     channel would leave the child with the core's locks but not its threads. The daemon
     runs no subprocess; only anolisnuma-ctl (ctl/, its own process) and the test helpers do.
-    (The daemon imports ctl/kubelet.py for its readers of the kubelet's files, inspect and
-    cgroup_settings; its subprocess calls serve ``anolisnuma-ctl kubelet enable``.)"""
+    (The daemon imports ctl/kubelet/ for its readers of the kubelet's files, inspect and
+    cgroup_settings, which run no subprocess; probe.py and cli.py there serve
+    ``anolisnuma-ctl kubelet enable``.)"""
     found = []
     pkg = os.path.join(REPO, "anolisnuma")
     for root, dirs, files in os.walk(pkg):

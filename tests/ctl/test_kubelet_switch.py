@@ -20,7 +20,10 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
-from anolisnuma.ctl import kubelet as kc
+from anolisnuma.ctl.kubelet import cli
+from anolisnuma.ctl.kubelet.endpoints import same_socket
+from anolisnuma.ctl.kubelet.env_file import parse_env_file
+from anolisnuma.ctl.kubelet.systemd_unit import parse_unit, split_words
 from anolisnuma.testing.fake_cri import FakeCri
 
 CONTAINERD = "unix:///run/containerd/containerd.sock"
@@ -300,7 +303,7 @@ class Ctl:
             argv += ["--socket", socket or self.socket]
         argv += list(extra)
         self.capsys.readouterr()
-        rc = kc.main(argv)
+        rc = cli.main(argv)
         captured = self.capsys.readouterr()
         self.out, self.err = captured.out, captured.err
         return rc
@@ -749,7 +752,7 @@ def test_status_table_and_main_cli_registration(ctl_for):
     parser = argparse.ArgumentParser(prog="anolisnuma-ctl")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
     subparsers = parser.add_subparsers(dest="command")
-    kc.add_parser(subparsers)
+    cli.add_parser(subparsers)
     args = parser.parse_args(["-o", "json", "kubelet", "status", "--root", ctl.root, "--socket", ctl.socket])
     ctl.capsys.readouterr()
     assert args.func(args) == 0
@@ -777,7 +780,7 @@ def test_environment_file_parsing_follows_systemd():
         F=
         bad line
     ''')
-    values = {a.key: a.value for a in kc.parse_env_file(text)}
+    values = {a.key: a.value for a in parse_env_file(text)}
     assert values == {
         "A": "plain value",
         "B": 'double "quoted" $HOME',
@@ -786,19 +789,19 @@ def test_environment_file_parsing_follows_systemd():
         "E": "one two",
         "F": "",
     }
-    assert kc.split_words(values["D"]) == ["--config=/etc/k.yaml", "--v=2"]
+    assert split_words(values["D"]) == ["--config=/etc/k.yaml", "--v=2"]
 
 
 def test_unit_parsing_continuations_and_sections():
     text = "[Unit]\nExecStart=/not/service\n[Service]\nExecStart=/usr/bin/kubelet \\\n# skipped\n  --v=2\n"
-    settings = kc.parse_unit(text, "/x.service")
+    settings = parse_unit(text, "/x.service")
     assert [s.key for s in settings] == ["ExecStart"]
-    assert kc.split_words(settings[0].value) == ["/usr/bin/kubelet", "--v=2"]
+    assert split_words(settings[0].value) == ["/usr/bin/kubelet", "--v=2"]
     assert text[settings[0].start:settings[0].end] == "ExecStart=/usr/bin/kubelet \\\n# skipped\n  --v=2\n"
 
 
 def test_endpoint_comparison():
-    assert kc.same_socket("unix:///var/run/anolisnuma/anolisnuma.sock", "/run/anolisnuma/anolisnuma.sock")
-    assert kc.same_socket("/run/x.sock", "unix:///run/./x.sock")
-    assert not kc.same_socket("tcp://127.0.0.1:1234", "/run/x.sock")
-    assert not kc.same_socket(CONTAINERD, "/var/run/anolisnuma/anolisnuma.sock")
+    assert same_socket("unix:///var/run/anolisnuma/anolisnuma.sock", "/run/anolisnuma/anolisnuma.sock")
+    assert same_socket("/run/x.sock", "unix:///run/./x.sock")
+    assert not same_socket("tcp://127.0.0.1:1234", "/run/x.sock")
+    assert not same_socket(CONTAINERD, "/var/run/anolisnuma/anolisnuma.sock")

@@ -37,6 +37,7 @@ from anolisnuma.system.cgroups import (
     pod_cgroup_for,
 )
 from anolisnuma.system.sysctl import cpu_vendor
+from anolisnuma.testing.daemon_probes import wait_until
 from anolisnuma.testing.fake_kernel import FakeKernel, FakeResctrl
 from anolisnuma.testing.proxy import InProcessProxy, make_config
 from anolisnuma.testing.waiting import wait_until
@@ -261,9 +262,12 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
         late = made[LATE]
         assert not os.path.exists(fk.cgroup.file(late["crel"], "tasks"))
         assert str(late["pid"]) not in fk.resctrl.tasks("anolisnuma-high")
-        assert _lines(p, "container cgroup not there after start, under its pod's cgroup: the container stopped "
-                         "or exited at once (nothing to apply), or its cgroup comes later (the reconciler "
-                         "applies it then)", pod=f"{NS}/{LATE}")
+        # (said by the StartContainer post-hook, which runs after the reply reached the client,
+        # through the log's writer thread: waited for, not read at once)
+        wait_until(lambda: _lines(p, "container cgroup not there after start, under its pod's cgroup: the container "
+                                     "stopped or exited at once (nothing to apply), or its cgroup comes later (the "
+                                     "reconciler applies it then)", pod=f"{NS}/{LATE}"),
+                   "the late pod's StartContainer post-hook line", timeout=30)
         late_tids = _real_tids(late["cgroups_path"])
         assert late["pid"] in late_tids, f"the late container's process left its cgroup: {late_tids}"
         fk.cgroup.make_dir(late["cgroups_path"].lstrip("/"), late_tids)

@@ -300,12 +300,12 @@ def test_a_stopped_pod_is_forgotten_and_what_is_gone_when_the_reaper_says_so(nod
     hook.post(Call("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=a.sandbox_id),
                    reply=pb.StopPodSandboxResponse()))
     assert hook.state.by_sandbox(a.sandbox_id) is None and len(hook.state) == 1
-    assert hook.held() == PodKeys.of([], [b.sandbox_id], [cid])
-    hook.forget(PodGone.of_ids("removed", container_ids=[cid]))
+    assert hook.service.held() == PodKeys.of([], [b.sandbox_id], [cid])
+    hook.service.forget(PodGone.of_ids("removed", container_ids=[cid]))
     assert hook.state.by_container(cid) == (None, None)
-    hook.forget(PodGone.of_ids("removed", [b.uid], [b.sandbox_id]))
-    assert len(hook.state) == 0 and hook.held() == PodKeys()
-    assert hook.structures() == {"pods": 0, "containers": 0, "warned_once": 0}
+    hook.service.forget(PodGone.of_ids("removed", [b.uid], [b.sandbox_id]))
+    assert len(hook.state) == 0 and hook.service.held() == PodKeys()
+    assert hook.service.structures() == {"pods": 0, "containers": 0, "warned_once": 0}
 
 
 def test_a_pod_whose_run_failed_is_held_by_its_uid_until_the_reaper_forgets_it(node):
@@ -313,9 +313,9 @@ def test_a_pod_whose_run_failed_is_held_by_its_uid_until_the_reaper_forgets_it(n
     hook = QosHook(config(), node.paths)
     pod = Pod(node, hook)
     hook.pre(Call("RunPodSandbox", pb.RunPodSandboxRequest(config=pod.config)))
-    assert len(hook.state) == 1 and hook.held().uids == {pod.uid}
-    hook.forget(PodGone.of_ids("resync", [pod.uid]))
-    assert len(hook.state) == 0 and hook.held() == PodKeys()
+    assert len(hook.state) == 1 and hook.service.held().uids == {pod.uid}
+    hook.service.forget(PodGone.of_ids("resync", [pod.uid]))
+    assert len(hook.state) == 0 and hook.service.held() == PodKeys()
 
 
 def test_a_container_that_ended_before_its_start_post_hook_is_said_at_info(node):
@@ -370,9 +370,9 @@ def test_a_pod_outside_kubepods_is_warned_about_once_then_at_debug(node):
     assert [e["log_level"] for e in logs if "cgroup_parent not recognized" in e["event"]] in ([], ["debug"])
     assert hook.cgroups.layout.unknown_seen == 7
     # all that is kept of a refused pod is the mark that it was told, forgotten when it goes
-    assert cfg.metadata.uid in hook.held().uids
-    hook.forget(PodGone.of_ids("resync", uids=[cfg.metadata.uid, other.metadata.uid]))
-    assert cfg.metadata.uid not in hook.held().uids and len(hook._warned) == 0
+    assert cfg.metadata.uid in hook.service.held().uids
+    hook.service.forget(PodGone.of_ids("resync", uids=[cfg.metadata.uid, other.metadata.uid]))
+    assert cfg.metadata.uid not in hook.service.held().uids and len(hook.service.admission.warned) == 0
 
 
 # ------------------------------------------------------------------ hostile input

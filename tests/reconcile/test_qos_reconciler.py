@@ -137,14 +137,14 @@ def test_a_stop_landing_while_a_resync_admits_the_pod_wins(node):
     stop = H.Call(H.STOP_POD_SANDBOX, pb.StopPodSandboxRequest(pod_sandbox_id=pod.sandbox_id), pod=pod,
                   reply=pb.StopPodSandboxResponse())
     stopper = threading.Thread(target=hook.post, args=(stop,))
-    admit = hook._admit_record
+    admit = hook.service.admit_record
 
     def admit_while_stopping(rec):
         stopper.start()
         stopper.join(0.2)            # the stop's hook waits for the admission to finish
         return admit(rec)
 
-    hook._admit_record = admit_while_stopping
+    hook.service.admit_record = admit_while_stopping
     hook.resync([pod], [ctr])
     stopper.join(5)
     assert not stopper.is_alive()
@@ -236,7 +236,7 @@ def test_a_cgroup_that_appears_while_its_knob_is_written_gets_the_value(node, mo
     """A post-hook racing with the cgroup's creation: the write fails because the directory
     is not there yet, and the directory is there a moment later. The knob is written, not
     called missing (a container left without its group identity until the next pass)."""
-    from anolisnuma.reconcile import qos as applier_module
+    from anolisnuma.qos import applier as applier_module
     from anolisnuma.system import knobs
 
     hook = QosHook(QosConfig(), node.paths)
@@ -306,4 +306,4 @@ def test_a_pod_whose_run_failed_is_forgotten_by_the_resync_with_no_reconciler(no
     resync.step()
     assert len(hook.state) == 1                       # a retry may still come
     resync.step()
-    assert len(hook.state) == 0 and hook.structures() == {"pods": 0, "containers": 0, "warned_once": 0}
+    assert len(hook.state) == 0 and hook.service.structures() == {"pods": 0, "containers": 0, "warned_once": 0}

@@ -13,7 +13,7 @@ from anolisnuma.testing.fake_cri import runtime_path
 from anolisnuma.testing.h2raw import RawH2Client
 from anolisnuma.testing.proxy import InProcessProxy, make_config
 from anolisnuma.transport import h2
-from anolisnuma.transport.splice import DRAIN_PING, MAX_STREAM_ID
+from anolisnuma.transport.splice.goodbye import DRAIN_PING, MAX_STREAM_ID
 
 VERSION = runtime_path("Version")
 

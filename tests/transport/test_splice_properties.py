@@ -52,7 +52,7 @@ from anolisnuma.testing.splice_harness import (
     COPY, EDIT, FAIL, FORWARD, HELD_KINDS, KINDS, PASS, REFUSE, UNIMPLEMENTED, CallPlan, Exchange,
     HarnessError, Scenario, ServerSettings, call_path, edited_body, run,
 )
-from anolisnuma.transport.splice import STREAM_OVERHEAD_BYTES
+from anolisnuma.transport.splice.intercepted import STREAM_OVERHEAD_BYTES
 
 KIB = 1024
 DEFAULT_WINDOW = 65535

@@ -1,0 +1,72 @@
+"""The real kubelet v1.26 of ../shared/k8s on a private node (anolisnuma/testing/kubelet_node.py):
+one private control plane (etcd + kube-apiserver) for the session, a node per test.
+
+Skipped, saying why, where the Kubernetes binaries, etcd, openssl, containerd, unshare/nsenter
+or root are absent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Iterator, List
+
+import pytest
+
+from anolisnuma.testing import kube_apiserver
+from anolisnuma.testing import kubelet_node
+from anolisnuma.testing.kube_apiserver import PrivateControlPlane
+from anolisnuma.testing.kubelet_node import BASE_PREFIX, KubeletNode
+
+LAST_LOGS = "/tmp/anolisnuma-kubelet-last"
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[PrivateControlPlane]:
+    why = kubelet_node.missing() or kube_apiserver.missing()
+    if why is not None:
+        pytest.skip(why)
+    kubelet_node.cleanup_dead_nodes()
+    cp = PrivateControlPlane.start_new()
+    try:
+        yield cp
+    finally:
+        cp.close()
+
+
+@pytest.fixture
+def make_node(control_plane: PrivateControlPlane, request: Any) -> Iterator[Callable[..., KubeletNode]]:
+    """``make_node(**KubeletNode options)``: a started node, closed after the test (its
+    kubelet and daemon logs kept in /tmp/anolisnuma-kubelet-last.* when the test failed, or
+    always with ANOLISNUMA_KEEP_KUBELET_LOGS=1)."""
+    made: List[KubeletNode] = []
+
+    def make(**kw: Any) -> KubeletNode:
+        node = KubeletNode(control_plane, f"{BASE_PREFIX}{os.getpid()}-{len(made)}", **kw)
+        made.append(node)
+        return node.start()
+
+    try:
+        yield make
+    finally:
+        problems = []
+        for node in made:
+            failed = getattr(request.node, "rep_call", None)
+            if failed is None or failed.failed or os.environ.get("ANOLISNUMA_KEEP_KUBELET_LOGS"):
+                for src, ext in ((node.kubelet_log_path, "kubelet.log"), (node.daemon_log_path, "anolisnuma.log")):
+                    try:
+                        with open(src, "rb") as f, open(f"{LAST_LOGS}.{ext}", "wb") as out:
+                            out.write(f.read())
+                    except OSError:
+                        pass
+            problems += node.close()
+        if problems:
+            print(f"\nkubelet node cleanup problems: {problems}", file=sys.stderr)
+        assert not problems, problems
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
