@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, List, Optional, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
+    from anolisnuma.cluster.link import ClusterLink
     from anolisnuma.config import Config
     from anolisnuma.controller import Controllers
     from anolisnuma.pipeline.hooks import Hook
@@ -54,6 +55,9 @@ class DaemonView(Protocol):
 
     @property
     def resynced(self) -> bool: ...   # the start-up resync with containerd finished
+
+    @property
+    def cluster(self) -> Optional["ClusterLink"]: ...   # the API server link, when [kubernetes] is on
 
     # The daemon's worker pools, and its admin surface, whose pools are counted with them.
     @property

@@ -49,7 +49,7 @@ def placement(daemon: "DaemonView") -> Optional["PlacementService"]:
 
 def cluster(daemon: "DaemonView") -> Optional[Dict[str, Any]]:
     """The API server link (connection, CRs, rules in force) when ``[kubernetes]`` is on."""
-    link = getattr(daemon, "cluster", None)
+    link = daemon.cluster
     return link.status() if link is not None else None
 
 

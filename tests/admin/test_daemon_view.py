@@ -23,7 +23,7 @@ def test_the_daemon_has_the_shape_the_admin_surface_reads(tmp_path):
 
 def test_an_object_without_a_member_is_not_a_view():
     class Partial:
-        config = store = hooks = interceptor = relay = controllers = runtime_resync = None
+        config = store = hooks = interceptor = relay = controllers = runtime_resync = cluster = None
         ready = resynced = False
 
     assert not isinstance(Partial(), DaemonView)
