@@ -148,7 +148,10 @@ def test_decoder_agrees_with_pyroute2(lab):
         p.expect("connected")
     for p in peers:
         p.expect("sent")
-    wait_dump(sink.pid, lambda d: sum(s.bytes_received for s in d) == 8000, "all bytes received")
+    # (a connection still in the accept queue has no inode yet: the two dumps must not
+    # straddle the sink's accept)
+    wait_dump(sink.pid, lambda d: sum(s.bytes_received for s in d) == 8000 and all(s.inode for s in d),
+              "all bytes received and every connection accepted")
 
     def both(_pid, _key):
         with DiagChannel() as ch:
