@@ -39,6 +39,15 @@ RESYNC_RETRY_SECONDS = 2.0       # the first retry of the start-up resync; backe
 RESYNC_RETRY_MAX_SECONDS = 30.0
 
 
+def read_kubelet_cgroup_settings(files_root: str) -> Dict[str, Any]:
+    """The kubelet's cgroup root and driver as its files below ``files_root`` set them, read
+    by the reader `anolisnuma-ctl kubelet` uses (imported when called: it is a large module;
+    the system layer gets it from here so that it never imports the ctl layer)."""
+    from anolisnuma.ctl.kubelet import Root, cgroup_settings, inspect
+
+    return dict(cgroup_settings(inspect(Root(files_root))))
+
+
 def build_hooks(config: Config) -> List[Hook]:
     """The hooks the configuration enables, in the order they run.
 
@@ -52,7 +61,7 @@ def build_hooks(config: Config) -> List[Hook]:
     if (config.numa is not None and config.numa.enabled) or (config.qos is not None and config.qos.enabled):
         from anolisnuma.system.pod_cgroups import resolve_layout
 
-        layout = resolve_layout(config.cgroups, log)
+        layout = resolve_layout(config.cgroups, log, read_kubelet_cgroup_settings)
     if config.numa is not None and config.numa.enabled:
         wanted.append(("numa", lambda: _numa_hook(config, layout)))
     if config.qos is not None and config.qos.enabled:

@@ -65,9 +65,11 @@ from cri_client import KubeletLike, pb, pbg  # noqa: E402  (bench_proxy put test
 from anolisnuma.testing.containerd import PrivateContainerd, cleanup_dead_instances  # noqa: E402
 from anolisnuma.testing.fake_kernel import FakeKernel  # noqa: E402
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology  # noqa: E402
+from anolisnuma.testing.waiting import wait_until  # noqa: E402
 
 BASE_PREFIX = "/tmp/anolisnuma-churn-"
 RUN_PREFIX = "/run/anolisnuma-churn-"
+STATUS_POLL = 0.2   # seconds between two waits' looks at `anolisnuma-ctl status` (a process each)
 LAST_LOG = "/tmp/anolisnuma-churn-last-daemon.log"
 NS = "churn"                        # the namespace NUMA manages
 BAD_HANDLER = "churn-no-such-runtime-handler"
@@ -195,7 +197,7 @@ class ChurnSoak:
         self.daemon.start()
         if not self.daemon.wait_log("background loop started", 30):
             raise RuntimeError(f"the daemon did not start its loops: {self.daemon.tail()}")
-        self._wait(lambda: self.status().get("resynced"), "the start-up resync", 30)
+        wait_until(lambda: self.status().get("resynced"), "the start-up resync", 30, STATUS_POLL)
         self.channel = grpc.insecure_channel(f"unix://{self.daemon.socket}")
         self.direct = grpc.insecure_channel(f"unix://{self.pc.socket}")
         self.kl = KubeletLike(self.daemon.socket, harness=self.pc)
@@ -348,24 +350,17 @@ class ChurnSoak:
         twice), then every structure empty, each wait bounded by resync intervals."""
         interval = self.plan.resync_seconds
         runs = self._resync_runs()
-        self._wait(lambda: self._resync_runs() >= runs + 2, "two resyncs after the last call", 10 * interval + 30)
+        wait_until(lambda: self._resync_runs() >= runs + 2, "two resyncs after the last call", 10 * interval + 30,
+                   STATUS_POLL)
         try:
-            self._wait(lambda: not any(self.structures(self.status()).values()), "every structure to be empty",
-                       4 * interval + 10)
-        except TimeoutError as e:
+            wait_until(lambda: not any(self.structures(self.status()).values()), "every structure to be empty",
+                       4 * interval + 10, STATUS_POLL)
+        except AssertionError as e:   # the wait's deadline: a finding of the soak, not a crash
             self.outcome.problems.append(str(e))
         return self.sample()
 
     def _resync_runs(self) -> int:
         return int((self.status().get("controllers") or {}).get("runtime-resync", {}).get("runs", 0))
-
-    @staticmethod
-    def _wait(cond: Callable[[], Any], what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(0.2)
 
 
 # --------------------------------------------------------------------------- the report

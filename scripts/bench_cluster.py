@@ -43,10 +43,13 @@ from anolisnuma.testing.fake_sysfs import GIB, FakeTopology  # noqa: E402
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane  # noqa: E402
 from anolisnuma.testing.kubelet_client import Kubelet, sent_cpusets  # noqa: E402
 from anolisnuma.testing.proxy import SubprocessProxy, config_dict  # noqa: E402
+from anolisnuma.testing.waiting import wait_until  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G, V = "resource.sop.huawei.com", "v1alpha1"
 NODE = "bench-node"
+WAIT_SECONDS = 300.0   # a wait's deadline unless said: thousands of CRs take a while
+POLL = 0.01            # between a wait's looks: the resolution of the times it measures
 TOPOLOGY = FakeTopology(name="4x4", node_cpus={0: "0-3", 1: "4-7", 2: "8-11", 3: "12-15"},
                         distances=[[10, 20, 20, 20], [20, 10, 20, 20], [20, 20, 10, 20], [20, 20, 20, 10]],
                         memory_bytes={n: 8 * GIB for n in range(4)})
@@ -84,17 +87,6 @@ def thread_cpu(pid: int) -> Dict[str, float]:
 def pct(values: List[float], p: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
-
-
-def wait_for(cond: Any, what: str, timeout: float = 300.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class Daemon:
@@ -183,9 +175,10 @@ def measure(d: Daemon, cp: PrivateControlPlane, fake: FakeCri, args: argparse.Na
             plain: Daemon) -> None:
     ctx = cp.ssl_context()
     t0 = time.monotonic()
-    wait_for(lambda: len(d.cluster().get("rules") or []) == args.crs, "every CR's rules")
+    wait_until(lambda: len(d.cluster().get("rules") or []) == args.crs, "every CR's rules", WAIT_SECONDS, POLL)
     t_rules = time.monotonic() - t0
-    wait_for(lambda: d.cluster().get("status_writes", 0) >= args.crs, "every CR's status entry")
+    wait_until(lambda: d.cluster().get("status_writes", 0) >= args.crs, "every CR's status entry", WAIT_SECONDS,
+               POLL)
     t_status = time.monotonic() - t0
     time.sleep(2)
     rss_on = rss(d.pid)
@@ -212,9 +205,9 @@ def measure(d: Daemon, cp: PrivateControlPlane, fake: FakeCri, args: argparse.Na
     with ThreadPoolExecutor(8) as pool:     # the daemon's CPU per event: no CRI call meanwhile
         list(pool.map(patch, range(args.events)))
     last = int(cp.request("GET", f"/apis/{G}/{V}/namespaces/bench/oenumas/cr-0")["metadata"]["resourceVersion"])
-    wait_for(lambda: int(d.cluster()["resource_version"] or 0) >= last, "the last change watched", 600)
-    wait_for(lambda: not d.cluster().get("status_failures") and d.cluster()["status_writes"] > writes0,
-             "the statuses written")
+    wait_until(lambda: int(d.cluster()["resource_version"] or 0) >= last, "the last change watched", 600, POLL)
+    wait_until(lambda: not d.cluster().get("status_failures") and d.cluster()["status_writes"] > writes0,
+               "the statuses written", WAIT_SECONDS, POLL)
     time.sleep(1)
     if spy is not None:
         spy.send_signal(2)   # (SIGINT: py-spy writes what it sampled)
@@ -258,7 +251,7 @@ def measure(d: Daemon, cp: PrivateControlPlane, fake: FakeCri, args: argparse.Na
         t = time.monotonic()
         cp.kubectl("apply", "-f", "-", input=doc)
         returned = time.monotonic()
-        wait_for(lambda: sent_cpusets(fake, cid)[-1:] == [want], "the cpuset", 60)
+        wait_until(lambda: sent_cpusets(fake, cid)[-1:] == [want], "the cpuset", 60, POLL)
         done = time.monotonic()
         from_start.append((done - t) * 1e3)
         from_return.append((done - returned) * 1e3)

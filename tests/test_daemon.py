@@ -11,6 +11,7 @@ from anolisnuma.config import Config, HookSettings, HooksConfig, PathsConfig
 from anolisnuma.daemon import HookUnavailable, build_hooks
 from anolisnuma.policies.numa.config import NumaConfig
 from anolisnuma.policies.qos.config import QosConfig
+from anolisnuma.testing.waiting import wait_until
 
 
 def _config(tmp_path, numa_policy: str = "ignore") -> Config:
@@ -145,7 +146,7 @@ def test_the_socket_answers_before_the_hooks_are_built_and_no_call_passes_withou
         version = channel.unary_unary(runtime_path("Version"))
         assert version(api_pb2.VersionRequest().SerializeToString(), timeout=5)
         create = channel.unary_unary(runtime_path("CreateContainer")).future(_create_request(), timeout=10)
-        _wait(lambda: proxy.daemon.interceptor.calls_waiting_for_hooks == 1)
+        wait_until(lambda: proxy.daemon.interceptor.calls_waiting_for_hooks == 1)
         assert fake.calls(runtime_path("CreateContainer")) == 0
         assert not proxy.daemon.ready
         release.set()
@@ -177,7 +178,7 @@ def test_a_fail_closed_hook_that_cannot_start_refuses_waiting_calls_and_exits_1(
         with grpc.insecure_channel(proxy.address) as channel:
             assert building.wait(5)
             create = channel.unary_unary(runtime_path("CreateContainer")).future(_create_request(), timeout=10)
-            _wait(lambda: proxy.daemon.interceptor.calls_waiting_for_hooks == 1)
+            wait_until(lambda: proxy.daemon.interceptor.calls_waiting_for_hooks == 1)
             release.set()
             with pytest.raises(grpc.RpcError) as e:
                 create.result()
@@ -236,7 +237,7 @@ def test_sighup_reloads_what_may_change_live_and_refuses_a_bad_file(sockdir):
                                                                                   buffer_bytes_total=80 << 20))
             write_config(proxy.config_path, changed)
             proxy.signal(signal.SIGHUP)
-            _wait(lambda: reloads())
+            wait_until(lambda: reloads())
             done = reloads()[-1]
             assert done["message"] == "configuration reloaded"
             assert done["applied"] == ["log.level", "server.buffer_bytes_total"]
@@ -244,7 +245,7 @@ def test_sighup_reloads_what_may_change_live_and_refuses_a_bad_file(sockdir):
             with open(proxy.config_path, "w") as f:
                 f.write("[server\nbroken")
             proxy.signal(signal.SIGHUP)
-            _wait(lambda: len(reloads()) == 2)
+            wait_until(lambda: len(reloads()) == 2)
             assert reloads()[-1]["message"] == "configuration reload refused; the running configuration stays"
             assert proxy.proc.poll() is None
         finally:
@@ -295,7 +296,7 @@ def test_a_reload_from_a_fifo_or_dev_zero_is_refused_while_the_relay_answers(soc
                     os.symlink(swap_in, proxy.config_path)
                 proxy.signal(signal.SIGHUP)
                 assert version(request, timeout=10)
-                _wait(lambda: reloads())
+                wait_until(lambda: reloads())
                 refused = reloads()[-1]
                 assert refused["message"] == "configuration reload refused; the running configuration stays"
                 assert refused["error"] == (f"cannot read configuration file {proxy.config_path}: "
@@ -303,7 +304,7 @@ def test_a_reload_from_a_fifo_or_dev_zero_is_refused_while_the_relay_answers(soc
                 os.remove(proxy.config_path)
                 write_config(proxy.config_path, dict(cfg, log=dict(cfg["log"], level="debug")))
                 proxy.signal(signal.SIGHUP)
-                _wait(lambda: len(reloads()) == 2)
+                wait_until(lambda: len(reloads()) == 2)
                 assert reloads()[-1]["message"] == "configuration reloaded"
                 assert reloads()[-1]["applied"] == ["log.level"]   # against the configuration it started with
                 assert version(request, timeout=5) and proxy.proc.poll() is None
@@ -343,7 +344,7 @@ def test_a_reload_reads_the_file_off_the_event_loop_and_reloads_run_one_at_a_tim
             try:
                 proxy.call_in_loop(proxy.daemon._on_sighup)
                 proxy.call_in_loop(proxy.daemon._on_sighup)
-                _wait(lambda: reading)
+                wait_until(lambda: reading)
                 assert channel.unary_unary(runtime_path("Version"))(
                     api_pb2.VersionRequest().SerializeToString(), timeout=5)
                 assert len(reading) == 1   # the second reload waits for the first
@@ -353,7 +354,7 @@ def test_a_reload_reads_the_file_off_the_event_loop_and_reloads_run_one_at_a_tim
             def reloaded():
                 return [line for line in proxy.log_lines() if line.get("message") == "configuration reloaded"]
 
-            _wait(lambda: len(reloaded()) == 2)
+            wait_until(lambda: len(reloaded()) == 2)
             assert reading == [path, path]
             assert [line.get("applied") for line in reloaded()] == [["log.level"], None]
             assert proxy.daemon.config.log.level == "debug"
@@ -364,7 +365,6 @@ def test_the_admin_reload_of_a_fifo_is_refused_without_holding_the_event_loop(so
 
     from anolisnuma.admin.server import CommandError
     from anolisnuma.config import Config
-    from anolisnuma.testing.daemon_probes import wait_until
     from anolisnuma.testing.fake_cri import FakeCri
     from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
 
@@ -373,7 +373,7 @@ def test_the_admin_reload_of_a_fifo_is_refused_without_holding_the_event_loop(so
             sockdir, fake.socket_path, extra={"admin": {"socket": os.path.join(sockdir, "admin.sock")}}))
         with InProcessProxy(Config.load(path)) as proxy:
             # the admin surface starts a moment after the CRI socket answers
-            commands = wait_until(lambda: proxy.daemon.admin.commands, "the admin commands", timeout=30)
+            commands = wait_until(lambda: proxy.daemon.admin.commands, "the admin commands")
             os.remove(path)
             os.mkfifo(path)
             reload = asyncio.run_coroutine_threadsafe(commands.dispatch("reload", {}), proxy.loop)
@@ -428,7 +428,7 @@ def test_the_daemon_starts_whatever_its_state_file_holds(sockdir, content):
             with grpc.insecure_channel(proxy.address) as channel:
                 assert channel.unary_unary(runtime_path("Version"))(
                     api_pb2.VersionRequest().SerializeToString(), timeout=10)
-            _wait(rebuilt)
+            wait_until(rebuilt)
             errors = [line for line in read_log(cfg["log"]["file"]) if line.get("level") == "error"]
             assert [(e["message"], e["path"]) for e in errors] == [
                 ("state file is corrupt; moved aside, rebuilding from containerd", path)]
@@ -450,21 +450,11 @@ def test_sigusr1_reopens_the_log_file_after_rotation(sockdir):
         proxy = SubprocessProxy(cfg, sockdir).start()
         log_file = cfg["log"]["file"]
         try:
-            _wait(lambda: read_log(log_file))
+            wait_until(lambda: read_log(log_file))
             os.rename(log_file, log_file + ".1")  # logrotate's rename, then its postrotate
             proxy.signal(signal.SIGUSR1)
-            _wait(lambda: os.path.exists(log_file))
+            wait_until(lambda: os.path.exists(log_file))
             proxy.signal(signal.SIGHUP)  # any line: it must land in the new file
-            _wait(lambda: any("reload" in line.get("message", "") for line in read_log(log_file)))
+            wait_until(lambda: any("reload" in line.get("message", "") for line in read_log(log_file)))
         finally:
             proxy.stop()
-
-
-def _wait(cond, timeout: float = 10.0):
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)

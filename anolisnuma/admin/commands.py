@@ -18,7 +18,7 @@ from anolisnuma.configfile import ConfigError
 from anolisnuma.workers import WorkerPool
 
 if TYPE_CHECKING:  # pragma: no cover
-    from anolisnuma.daemon import Daemon
+    from anolisnuma.admin.daemon_view import DaemonView
 
 # containerd must answer Version within this for `status` to call it reachable.
 PROBE_TIMEOUT = 2.0
@@ -28,7 +28,7 @@ class AdminCommands:
     """``await dispatch(command, args)``; ``surfaces()`` adds what the admin surface itself
     serves (socket path, metrics address) to ``status``."""
 
-    def __init__(self, daemon: "Daemon", started: float, surfaces: Callable[[], Dict[str, Any]]) -> None:
+    def __init__(self, daemon: "DaemonView", started: float, surfaces: Callable[[], Dict[str, Any]]) -> None:
         self.daemon = daemon
         self.started = started
         self.surfaces = surfaces

@@ -87,7 +87,7 @@ from anolisnuma.admin import views
 from anolisnuma.pipeline.metrics import LatencyStats
 
 if TYPE_CHECKING:  # pragma: no cover
-    from anolisnuma.daemon import Daemon
+    from anolisnuma.admin.daemon_view import DaemonView
 
 log = structlog.get_logger("anolisnuma.admin")
 
@@ -95,9 +95,9 @@ P = "anolisnuma_"
 
 
 class DaemonCollector:
-    """A prometheus_client collector over a running :class:`~anolisnuma.daemon.Daemon`."""
+    """A prometheus_client collector over a running daemon (:class:`~anolisnuma.admin.daemon_view.DaemonView`)."""
 
-    def __init__(self, daemon: "Daemon", started: Optional[float] = None) -> None:
+    def __init__(self, daemon: "DaemonView", started: Optional[float] = None) -> None:
         self.daemon = daemon
         self.started = time.monotonic() if started is None else started
 

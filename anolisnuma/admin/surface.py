@@ -19,13 +19,13 @@ from anolisnuma.transport.listener import ListenerError
 
 if TYPE_CHECKING:  # pragma: no cover
     from anolisnuma.admin.metrics_http import MetricsServer
-    from anolisnuma.daemon import Daemon
+    from anolisnuma.admin.daemon_view import DaemonView
 
 log = structlog.get_logger("anolisnuma.admin")
 
 
 class AdminSurface:
-    def __init__(self, daemon: "Daemon") -> None:
+    def __init__(self, daemon: "DaemonView") -> None:
         self.daemon = daemon
         self.started = time.monotonic()
         self.commands: Optional[AdminCommands] = None

@@ -17,7 +17,7 @@ from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.workers import WorkerPool, census
 
 if TYPE_CHECKING:  # pragma: no cover
-    from anolisnuma.daemon import Daemon
+    from anolisnuma.admin.daemon_view import DaemonView
     from anolisnuma.hooks.qos import QosHook
     from anolisnuma.placement.service import PlacementService
 
@@ -34,28 +34,28 @@ class NotFound(LookupError):
 
 # ---------------------------------------------------------------- the hooks, by what they are
 
-def qos_hook(daemon: "Daemon") -> Optional["QosHook"]:
+def qos_hook(daemon: "DaemonView") -> Optional["QosHook"]:
     from anolisnuma.hooks.qos import QosHook
 
     return next((h for h in daemon.hooks if isinstance(h, QosHook)), None)
 
 
-def placement(daemon: "Daemon") -> Optional["PlacementService"]:
+def placement(daemon: "DaemonView") -> Optional["PlacementService"]:
     """The NUMA placement service, when the NUMA hook runs."""
     from anolisnuma.hooks.numa import NumaHook
 
     return next((h.placement for h in daemon.hooks if isinstance(h, NumaHook) and h.placement is not None), None)
 
 
-def cluster(daemon: "Daemon") -> Optional[Dict[str, Any]]:
+def cluster(daemon: "DaemonView") -> Optional[Dict[str, Any]]:
     """The API server link (connection, CRs, rules in force) when ``[kubernetes]`` is on."""
-    link = getattr(daemon, "cluster", None)
+    link = daemon.cluster
     return link.status() if link is not None else None
 
 
 # ---------------------------------------------------------------- status
 
-def status(daemon: "Daemon", uptime_seconds: float, surfaces: Dict[str, Any]) -> Dict[str, Any]:
+def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]) -> Dict[str, Any]:
     """Everything ``anolisnuma-ctl status`` shows except containerd's answer."""
     cfg = daemon.config
     counters = daemon.interceptor.counters.snapshot()
@@ -138,7 +138,7 @@ def health(result: Dict[str, Any]) -> Dict[str, Any]:
     return {"state": state, "degraded_because": reasons, "warnings": warnings}
 
 
-def _pools(daemon: "Daemon") -> List[WorkerPool]:
+def _pools(daemon: "DaemonView") -> List[WorkerPool]:
     pools = [daemon.executor, daemon.reload_pool]
     commands, metrics = daemon.admin.commands, daemon.admin.metrics
     if commands is not None:
@@ -148,7 +148,7 @@ def _pools(daemon: "Daemon") -> List[WorkerPool]:
     return [p for p in pools if isinstance(p, WorkerPool)]
 
 
-def structures(daemon: "Daemon") -> Dict[str, Dict[str, int]]:
+def structures(daemon: "DaemonView") -> Dict[str, Dict[str, int]]:
     """The size of everything the daemon keeps per pod, sandbox, container or call, by
     holder: the store, what calls named lately, and every holder the daemon's Reaper tells
     what is gone. Each is 0 on a node with no pods, once a resync found them gone."""
@@ -158,7 +158,7 @@ def structures(daemon: "Daemon") -> Dict[str, Dict[str, int]]:
             **daemon.interceptor.reaper.structures()}
 
 
-def reconcilers(daemon: "Daemon") -> Dict[str, Any]:
+def reconcilers(daemon: "DaemonView") -> Dict[str, Any]:
     """The loops that put drifted values back, as the operator knows them (``qos``,
     ``numa_repin``)."""
     out: Dict[str, Any] = {}
@@ -177,7 +177,7 @@ def reconcilers(daemon: "Daemon") -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- pods
 
-def pods(daemon: "Daemon") -> List[Dict[str, Any]]:
+def pods(daemon: "DaemonView") -> List[Dict[str, Any]]:
     """Every pod the daemon knows (its store), with its QoS level and NUMA placement."""
     records = daemon.store.pods()
     by_sandbox = _containers_by_sandbox(daemon.store.containers())
@@ -205,7 +205,7 @@ def _containers_by_sandbox(containers: Iterable[ContainerRecord]) -> Dict[str, L
 class _PolicyFacts:
     """What the policies decided for a pod, read once per request from the hooks."""
 
-    def __init__(self, daemon: "Daemon") -> None:
+    def __init__(self, daemon: "DaemonView") -> None:
         self.skip_keys = tuple(daemon.config.hooks.skip_keys)
         self.qos_hook = qos_hook(daemon)
         self.placement = placement(daemon)
@@ -339,7 +339,7 @@ def _qos_skip_reason(rec: PodRecord, hook: "QosHook") -> Dict[str, str]:
 
 # ---------------------------------------------------------------- numa
 
-def numa(daemon: "Daemon") -> Dict[str, Any]:
+def numa(daemon: "DaemonView") -> Dict[str, Any]:
     """Per NUMA node: CPUs, those in the kubelet's shared pool and exclusive ones, what our
     placements use, and the pods placed there."""
     service = placement(daemon)
@@ -373,7 +373,7 @@ def numa(daemon: "Daemon") -> Dict[str, Any]:
 
 # ---------------------------------------------------------------- explain
 
-def find_pods(daemon: "Daemon", query: str) -> List[PodRecord]:
+def find_pods(daemon: "DaemonView", query: str) -> List[PodRecord]:
     """The pods ``query`` names: ``namespace/name``, a pod UID, or a sandbox ID (or the
     first 6+ hex digits of one). NotFound when none does."""
     query = query.strip()
@@ -390,7 +390,7 @@ def find_pods(daemon: "Daemon", query: str) -> List[PodRecord]:
     return sorted(found, key=lambda p: p.sandbox_id)
 
 
-def explain(daemon: "Daemon", query: str) -> List[Dict[str, Any]]:
+def explain(daemon: "DaemonView", query: str) -> List[Dict[str, Any]]:
     """Every decision taken for the pods ``query`` names (one entry per pod UID): the
     markings behind them, the QoS level and NUMA placement now, and the journal of the
     pod's intercepted calls with each hook's decision."""

@@ -11,18 +11,18 @@ not created on the root cgroup; before the kubelet made ``kubepods``, a temporar
 cgroup is made to look), a sysctl when its file exists under ``/proc/sys``, resctrl
 when the filesystem is mounted with the resource's ``info`` directory. Unsupported knobs are
 logged once and then skipped; they are never an error.
+
+This module is the catalogue the file adapters (:mod:`~anolisnuma.system.cgroups`,
+:mod:`~anolisnuma.system.sysctl`, :mod:`~anolisnuma.system.resctrl`) import; it imports
+none of them. The probe asks them through the three small protocols below, which they
+satisfy.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
-
-if TYPE_CHECKING:  # pragma: no cover - imports for type checkers only
-    from anolisnuma.system.cgroups import CgroupFs
-    from anolisnuma.system.resctrl import ResctrlFs
-    from anolisnuma.system.sysctl import Sysctls
+from typing import Dict, Iterable, List, Optional, Protocol, Tuple
 
 
 class KnobKind(str, enum.Enum):
@@ -158,8 +158,26 @@ class KnobSupport:
         return [(k.name, self.unsupported[k.name]) for k in ALL_KNOBS if k.name in self.unsupported]
 
 
-def probe_support(cgroups: "CgroupFs", sysctls: "Sysctls",
-                  resctrl: Optional["ResctrlFs"] = None, probe_cgroup: bool = True) -> KnobSupport:
+class CgroupProbe(Protocol):
+    """What the probe asks of the cgroup hierarchy (:class:`~anolisnuma.system.cgroups.CgroupFs`)."""
+
+    def knob_missing_reason(self, knob: Knob, probe_cgroup: bool = True) -> Optional[str]: ...
+
+
+class SysctlProbe(Protocol):
+    """What the probe asks of ``/proc/sys`` (:class:`~anolisnuma.system.sysctl.Sysctls`)."""
+
+    def missing_reason(self, knob: Knob) -> Optional[str]: ...
+
+
+class ResctrlProbe(Protocol):
+    """What the probe asks of resctrl (:class:`~anolisnuma.system.resctrl.ResctrlFs`)."""
+
+    def missing_reason(self, info_name: str) -> Optional[str]: ...
+
+
+def probe_support(cgroups: CgroupProbe, sysctls: SysctlProbe,
+                  resctrl: Optional[ResctrlProbe] = None, probe_cgroup: bool = True) -> KnobSupport:
     """Look once at the kernel and sort every knob into supported / unsupported.
 
     ``probe_cgroup`` lets the cgroup check make (and remove) a temporary empty cgroup when

@@ -38,7 +38,7 @@ import enum
 import re
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 CONTAINER_ID_RE = re.compile(r"[0-9a-f]{64}")
 _HEX = "[0-9a-fA-F]"
@@ -304,19 +304,27 @@ def _kube_class(group: Optional[str]) -> KubeQosClass:
 
 DEFAULT_LAYOUT = KubeletCgroupLayout()
 
+# Reads the kubelet's cgroup settings from its unit, environment and config files below a
+# root: ``{"root": setting, "driver": setting}``, each with ``.value`` and ``.origin``.
+# The reader is `anolisnuma-ctl kubelet`'s, passed in by the daemon: this layer does not
+# import the ctl layer (which imports the config, which imports this module).
+KubeletSettingsReader = Callable[[str], Mapping[str, Any]]
 
-def resolve_layout(cgroups_config: object = None, log: object = None) -> KubeletCgroupLayout:
+
+def resolve_layout(cgroups_config: object = None, log: object = None,
+                   kubelet_settings: Optional[KubeletSettingsReader] = None) -> KubeletCgroupLayout:
     """The layout a ``[cgroups]`` section (:class:`anolisnuma.config.CgroupsConfig`; ``None``:
     all "auto") names: its keys where set, else what the kubelet's flags and config files
-    below ``kubelet_files_root`` say, else the kubelet's defaults (root ``/``, both
-    drivers' shapes). Never raises: a kubelet setting that cannot be read or is not a
-    cgroup root is logged (``log``, a structlog logger) and the default taken."""
+    below ``kubelet_files_root`` say (read by ``kubelet_settings``; ``None``: not read),
+    else the kubelet's defaults (root ``/``, both drivers' shapes). Never raises: a kubelet
+    setting that cannot be read or is not a cgroup root is logged (``log``, a structlog
+    logger) and the default taken."""
     root = getattr(cgroups_config, "kubelet_cgroup_root", "auto")
     driver = getattr(cgroups_config, "kubelet_cgroup_driver", "auto")
     files_root = getattr(cgroups_config, "kubelet_files_root", "/")
     origins: List[str] = []
     if root == "auto" or driver == "auto":
-        kubelet = _kubelet_settings(files_root, log)
+        kubelet = _kubelet_settings(kubelet_settings, files_root, log)
         if root == "auto":
             setting = kubelet.get("root")
             root = "/"
@@ -347,13 +355,11 @@ def resolve_layout(cgroups_config: object = None, log: object = None) -> Kubelet
     return layout
 
 
-def _kubelet_settings(files_root: str, log: object) -> Dict[str, object]:
-    # The reader of the kubelet's unit, environment and config files is the one
-    # `anolisnuma-ctl kubelet` uses (its reading half only: none of the command rooms).
+def _kubelet_settings(read: Optional[KubeletSettingsReader], files_root: str, log: object) -> Mapping[str, Any]:
+    if read is None:
+        return {}
     try:
-        from anolisnuma.ctl.kubelet import Root, cgroup_settings, inspect
-
-        return dict(cgroup_settings(inspect(Root(files_root))))
+        return read(files_root)
     except Exception as e:   # an unreadable kubelet setup must not keep the policies off
         _warn(log, "cannot read the kubelet's cgroup settings; assuming its defaults", error=repr(e),
               fix="set [cgroups] kubelet_cgroup_root and kubelet_cgroup_driver")

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
+
+# The tests and scripts that probe a daemon import their wait from here too.
+from anolisnuma.testing.waiting import wait_until  # noqa: F401 (re-exported)
 
 MIB = 1 << 20
 
@@ -50,33 +52,11 @@ def status_when_up(admin_socket: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-def wait_until(cond: Callable[[], Any], what: str, timeout: float) -> Any:
-    """The first truthy ``cond()`` within ``timeout`` seconds (a deadline, not a sleep);
-    AssertionError naming ``what`` after it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> None:
-    """Poll ``cond`` until it is true; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not met within {timeout}s")
-        time.sleep(0.02)
-
-
 def assert_recovers(pid: int, rss_before: int, fds_before: int) -> None:
     """The daemon's fds come back to ``fds_before`` and its RSS within 10 MB of ``rss_before``."""
-    wait_for(lambda: fds(pid) <= fds_before, what=f"fds back to {fds_before} (now {fds(pid)})")
-    wait_for(lambda: rss_bytes(pid) < rss_before + 10 * MIB, timeout=10,
-             what=f"RSS back within 10 MB of {rss_before >> 20} MiB (now {rss_bytes(pid) >> 20} MiB)")
+    wait_until(lambda: fds(pid) <= fds_before, f"fds back to {fds_before} (now {fds(pid)})")
+    wait_until(lambda: rss_bytes(pid) < rss_before + 10 * MIB,
+               f"RSS back within 10 MB of {rss_before >> 20} MiB (now {rss_bytes(pid) >> 20} MiB)", timeout=10)
 
 
 _WATCHDOG = """

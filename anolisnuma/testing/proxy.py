@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional
 
 from anolisnuma.config import (AdminConfig, Config, HookSettings, HooksConfig, LogConfig, MetricsConfig,
                                PathsConfig, RuntimeConfig, ServerConfig)
+from anolisnuma.testing.waiting import wait_until
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -223,13 +224,9 @@ class InProcessProxy:
 
     socket = socket_path
 
-    def wait_resynced(self, timeout: float = 10.0) -> None:
+    def wait_resynced(self, timeout: float = 30.0) -> None:
         """Wait until the daemon's start-up resync with the backend is done."""
-        deadline = time.monotonic() + timeout
-        while not self.daemon.resynced:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the daemon did not finish its start-up resync")
-            time.sleep(0.01)
+        wait_until(lambda: self.daemon.resynced, "the daemon's start-up resync", timeout)
 
     @property
     def address(self) -> str:

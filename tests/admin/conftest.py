@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import io
 import os
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -22,6 +21,7 @@ from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.fake_kernel import FakeKernel
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology, write_cpu_manager_state
 from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
+from anolisnuma.testing.waiting import wait_until
 from cri_proto import api_pb2 as pb
 
 RUNTIME = "/runtime.v1.RuntimeService/"
@@ -30,19 +30,6 @@ PERIOD = 100000
 TOPOLOGY = FakeTopology(name="2x4", node_cpus={0: "0-3", 1: "4-7"}, distances=[[10, 20], [20, 10]],
                         memory_bytes={0: 4 * GIB, 1: 4 * GIB})
 EXCLUSIVE_POD_UID = str(uuid.uuid4())
-
-
-def wait_for(cond: Any, what: str, timeout: float = 5.0) -> Any:
-    """The first truthy ``cond()`` within ``timeout``: the pipeline records a call just
-    after its reply reached the client."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def pod_parent(uid: str, kube_class: str = "burstable") -> str:
@@ -150,17 +137,21 @@ class Node:
         return self.daemon.admin.metrics.url
 
     def settle(self) -> None:
-        """Wait until the daemon recorded every call the kubelet made and their post-hooks
-        ran (both happen just after the reply reached the client)."""
+        """Wait until the daemon recorded every call the kubelet made, their post-hooks ran
+        and the state of what they removed was released (all happen just after the reply
+        reached the client)."""
         interceptor = self.daemon.interceptor
-        wait_for(lambda: sum(n for n, _, _ in interceptor.call_stats.snapshot().values()) >= self.kubelet.calls,
-                 "the daemon to record every call")
+        wait_until(lambda: sum(n for n, _, _ in interceptor.call_stats.snapshot().values()) >= self.kubelet.calls,
+                   "the daemon to record every call")
 
-        async def posts_running() -> int:
-            return sum(1 for t in asyncio.all_tasks() if "_run_post" in t.get_coro().__qualname__)
+        async def work_after_replies() -> int:
+            # A removal's post-hooks start its release only as they end: what settle() waited
+            # for may have started more, so count what is still there once it returns.
+            await interceptor.settle(5)
+            return len(interceptor._after_reply)
 
-        wait_for(lambda: asyncio.run_coroutine_threadsafe(posts_running(), self.proxy.loop).result(5) == 0,
-                 "the post-hooks to finish")
+        wait_until(lambda: asyncio.run_coroutine_threadsafe(work_after_replies(), self.proxy.loop).result(10) == 0,
+                   "the post-hooks and the releases they start to finish")
 
     def ctl(self, *args: str) -> Tuple[int, str, str]:
         """``anolisnuma-ctl --admin-socket <ours> ARGS`` in this process, once the daemon

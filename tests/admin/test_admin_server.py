@@ -13,12 +13,12 @@ from typing import Any, Callable, Dict, List
 
 import grpc
 import pytest
-from conftest import wait_for
 
 from anolisnuma.admin import protocol
 from anolisnuma.admin.server import AdminServer, CommandError
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.proxy import InProcessProxy, make_config
+from anolisnuma.testing.waiting import wait_until
 from anolisnuma.transport.listener import ListenerError
 from cri_proto import api_pb2 as pb
 
@@ -242,7 +242,7 @@ def test_a_taken_admin_socket_costs_the_daemon_nothing_but_the_socket(sockdir):
     fake = FakeCri(os.path.join(sockdir, "cri-backend.sock"), containers=0, sandboxes=0).start()
     try:
         with InProcessProxy(make_config(sockdir, fake.socket_path, admin_socket=path), hooks=[]) as proxy:
-            wait_for(lambda: proxy.daemon.ready, "the daemon to be ready")
+            wait_until(lambda: proxy.daemon.ready, "the daemon to be ready")
             assert proxy.daemon.admin.server is None
             [line] = [x for x in proxy.log_lines() if x.get("message", "").startswith("admin socket unavailable")]
             assert line["level"] == "error" and "another process is listening" in line["error"]

@@ -5,10 +5,11 @@ stopped sandbox is shown stopped, not "not managed"."""
 
 from __future__ import annotations
 
-from conftest import Node, wait_for
+from conftest import Node
 from test_ctl_on_a_running_daemon import busy_node, rows_of
 
 from anolisnuma.testing.fake_cri import FakeCri
+from anolisnuma.testing.waiting import wait_until
 from cri_proto import api_pb2 as pb
 
 
@@ -95,8 +96,8 @@ def test_a_stopped_sandbox_is_shown_stopped(node: Node):
         k.call("StopContainer", pb.StopContainerRequest(container_id=cid), pb.StopContainerResponse)
     k.call("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=web0.sandbox_id), pb.StopPodSandboxResponse)
     node.settle()
-    row = wait_for(lambda: next((p for p in node.ctl_json("pods") if p["name"] == "web-0" and p["state"] == "stopped"),
-                                None), "web-0 to show stopped")
+    row = wait_until(lambda: next((p for p in node.ctl_json("pods") if p["name"] == "web-0" and p["state"] == "stopped"),
+                                  None), "web-0 to show stopped")
     assert row["qos"] == {"level": None, "why": "sandbox stopped: its cgroup (and what was set there) is gone"}
     assert row["numa"] == {"placed": False, "why": "sandbox stopped: its CPUs were released"}
     assert all(p["state"] == "ready" for p in node.ctl_json("pods") if p["name"] != "web-0")

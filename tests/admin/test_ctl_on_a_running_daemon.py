@@ -8,10 +8,11 @@ import json
 import os
 import stat
 
-from conftest import EXCLUSIVE_POD_UID, Node, wait_for
+from conftest import EXCLUSIVE_POD_UID, Node
 
 from anolisnuma.logsetup import flush as flush_logs
 from anolisnuma.testing.proxy import read_log
+from anolisnuma.testing.waiting import wait_until
 
 
 def rows_of(table: str):
@@ -72,8 +73,8 @@ def test_status_says_what_runs_and_how_it_goes(node):
                           "qos-reconcile", "runtime-resync"}
     assert all(v["running"] and v["errors"] == 0 for v in loops.values()), loops
     assert loops["store-writer"]["runs"] >= 1 and loops["store-writer"]["interval_seconds"] == 0
-    loops = wait_for(lambda: (lambda c: c if c["numa-affinity"]["samples"] >= 2 and c["numa-watch"]["runs"] >= 1
-                              else None)(node.ctl_json("status")["controllers"]), "the affinity loop to sample")
+    loops = wait_until(lambda: (lambda c: c if c["numa-affinity"]["samples"] >= 2 and c["numa-watch"]["runs"] >= 1
+                                else None)(node.ctl_json("status")["controllers"]), "the affinity loop to sample")
     assert loops["numa-affinity"]["moves"] == 0 and loops["numa-repin"]["applied"] == 0
 
     code, out, err = node.ctl("status")
@@ -112,7 +113,7 @@ def test_status_counts_what_is_kept_per_pod_and_all_of_it_goes_with_the_pods(nod
     resync = node.daemon.controllers.get("runtime-resync")
     resync.step()   # the windows of what calls named turn twice: nothing is left
     resync.step()
-    kept = wait_for(lambda: (lambda k: k if all(n == 0 for sizes in k.values() for n in sizes.values()) else None)(
+    kept = wait_until(lambda: (lambda k: k if all(n == 0 for sizes in k.values() for n in sizes.values()) else None)(
         node.ctl_json("status")["structures"]), "every structure to be empty")
     assert kept["store"] == {"pods": 0, "containers": 0}
 
@@ -256,8 +257,8 @@ def test_reload_applies_a_good_configuration_and_refuses_a_bad_one(node):
     runs = node.ctl_json("status")["controllers"]["runtime-resync"]["runs"]
     node.rewrite_config(runtime={"resync_interval_seconds": 0.05})
     assert node.ctl_json("reload")["applied"] == ["runtime.resync_interval_seconds"]
-    wait_for(lambda: node.ctl_json("status")["controllers"]["runtime-resync"]["runs"] >= runs + 2,
-             "resync passes at the new interval")
+    wait_until(lambda: node.ctl_json("status")["controllers"]["runtime-resync"]["runs"] >= runs + 2,
+               "resync passes at the new interval")
     node.rewrite_config(runtime={"resync_interval_seconds": 60.0})
     assert node.ctl_json("reload")["applied"] == ["runtime.resync_interval_seconds"]
 

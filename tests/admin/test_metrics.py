@@ -12,11 +12,12 @@ from typing import Dict, Tuple
 
 import grpc
 import pytest
-from conftest import Node, pod_parent, wait_for
+from conftest import Node, pod_parent
 from prometheus_client.parser import text_string_to_metric_families
 
 from anolisnuma.testing.fake_cri import FakeCri, runtime_path
 from anolisnuma.testing.proxy import InProcessProxy, make_config
+from anolisnuma.testing.waiting import wait_until
 
 Samples = Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]
 
@@ -119,9 +120,9 @@ def test_reconciler_runs_and_drift_fixed(node):
     recs = node.ctl_json("status")["reconcilers"]
     assert recs["qos"]["rewritten"] >= 1
     # every background loop under one family, with its own counts as events
-    after = wait_for(lambda: (lambda m: m if all(value(m, "anolisnuma_controller_runs_total", controller=c) >= 1
-                                                 for c in ("numa-watch", "numa-affinity")) else None)(scrape(node)),
-                     "a pass of the watcher and of the affinity loop")
+    after = wait_until(lambda: (lambda m: m if all(value(m, "anolisnuma_controller_runs_total", controller=c) >= 1
+                                                   for c in ("numa-watch", "numa-affinity")) else None)(scrape(node)),
+                       "a pass of the watcher and of the affinity loop")
     for name in ("store-writer", "numa-watch", "numa-repin", "numa-affinity", "qos-reconcile"):
         assert value(after, "anolisnuma_controller_runs_total", controller=name) >= 1, name
         assert value(after, "anolisnuma_controller_errors_total", controller=name) == 0, name
@@ -151,7 +152,7 @@ def test_the_endpoint_is_off_by_default_and_stops_with_the_daemon(node, sockdir)
     try:
         with InProcessProxy(make_config(sockdir, fake.socket_path, listen=os.path.join(sockdir, "b-cri.sock")),
                             hooks=[], configure_logging=False) as plain:
-            wait_for(lambda: plain.daemon.ready, "the daemon to be ready")
+            wait_until(lambda: plain.daemon.ready, "the daemon to be ready")
             assert plain.daemon.admin.metrics is None and plain.daemon.admin.server is None
     finally:
         fake.stop(0)
@@ -171,7 +172,7 @@ def test_a_port_in_use_leaves_the_daemon_running_without_metrics(sockdir):
         cfg = make_config(sockdir, fake.socket_path, metrics_listen=f"127.0.0.1:{port}",
                           admin_socket=os.path.join(sockdir, "admin.sock"))
         with InProcessProxy(cfg, hooks=[]) as proxy:
-            wait_for(lambda: proxy.daemon.ready, "the daemon to be ready")
+            wait_until(lambda: proxy.daemon.ready, "the daemon to be ready")
             assert proxy.daemon.admin.metrics is None
             assert proxy.daemon.admin.server is not None
             lines = [x for x in proxy.log_lines() if x.get("message", "").startswith("metrics endpoint unavailable")]

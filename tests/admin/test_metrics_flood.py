@@ -10,18 +10,18 @@ import resource
 import statistics
 import time
 import urllib.request
-from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from anolisnuma.ctl.client import CtlError, ask
-from anolisnuma.testing import daemon_probes as probes
 from anolisnuma.testing.daemon_probes import fds
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.http_flood import Flood
 from anolisnuma.testing.proxy import SubprocessProxy, config_dict, wait_for_socket
+from anolisnuma.testing.waiting import wait_until
 from cri_proto import api_pb2 as pb
 
 FD_LIMIT = 256
@@ -72,10 +72,6 @@ def status(admin: str) -> Optional[Dict[str, Any]]:
 
 def threads(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
-
-
-def wait_until(cond: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    return probes.wait_until(cond, what, timeout)
 
 
 @pytest.fixture

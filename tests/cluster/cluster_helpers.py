@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from anolisnuma.config import Config
-from anolisnuma.testing.daemon_probes import wait_until
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.kubelet_client import Kubelet, Pod, sent_cpusets
@@ -23,11 +22,6 @@ SA_NAMESPACE = "anolisnuma-system"
 TOPOLOGY = FakeTopology(name="4x2", node_cpus={0: "0-1", 1: "2-3", 2: "4-5", 3: "6-7"},
                         distances=[[10, 20, 20, 20], [20, 10, 20, 20], [20, 20, 10, 20], [20, 20, 20, 10]],
                         memory_bytes={n: 4 * GIB for n in range(4)})
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """The first truthy ``cond()`` within ``timeout`` seconds (a deadline, not a sleep)."""
-    return wait_until(cond, what, timeout)
 
 
 @dataclass

@@ -7,7 +7,9 @@ import json
 import os
 import stat
 
-from cluster_helpers import Cluster, Node, ctl, oenuma, wait_for
+from cluster_helpers import Cluster, Node, ctl, oenuma
+
+from anolisnuma.testing.waiting import wait_until
 
 
 def test_ctl_kubeconfig_writes_a_working_kubeconfig(cluster: Cluster, tmp_path) -> None:
@@ -28,7 +30,7 @@ def test_ctl_kubeconfig_writes_a_working_kubeconfig(cluster: Cluster, tmp_path) 
 
 def test_ctl_status_shows_the_api_server_link(cluster: Cluster, node: Node) -> None:
     cluster.apply(oenuma("status-demo", node.name, {"demo-*": 1}))
-    wait_for(lambda: node.link.status()["rules"], "the CR's rules in force")
+    wait_until(lambda: node.link.status()["rules"], "the CR's rules in force")
     code, text, err = ctl("--admin-socket", node.admin_socket, "status")
     assert code == 0, err
     line = next(ln for ln in text.splitlines() if ln.startswith("api server"))

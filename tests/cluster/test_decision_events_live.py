@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
-from cluster_helpers import TOPOLOGY, Cluster, wait_for
+from cluster_helpers import TOPOLOGY, Cluster
 from prometheus_client.parser import text_string_to_metric_families
 
 from anolisnuma.cluster.events import QUEUE
@@ -31,6 +31,7 @@ from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.fake_kernel import FakeKernel
 from anolisnuma.testing.kubelet_client import PERIOD, Kubelet
 from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
+from anolisnuma.testing.waiting import wait_until
 from cri_proto import api_pb2 as pb
 
 
@@ -118,7 +119,7 @@ def by_reason(cluster: Cluster, name: str, *reasons: str) -> Dict[str, Any]:
 def test_a_managed_pod_gets_its_numa_and_qos_events_and_the_link_its_metrics(cluster: Cluster,
                                                                           qnode: QosNode) -> None:
     uid, _ = qnode.run_pod("ev-web", {"anolisbox.sh/qoslevel": "BE"})
-    found = wait_for(lambda: by_reason(cluster, "ev-web", "NumaPlaced", "QosApplied"), "the pod's two events")
+    found = wait_until(lambda: by_reason(cluster, "ev-web", "NumaPlaced", "QosApplied"), "the pod's two events")
     placed, qos = found["NumaPlaced"], found["QosApplied"]
     alloc = qnode.link.sync.placement.ledger.get(uid)
     cpus = alloc.cpus(qnode.link.sync.placement.shared_pool)
@@ -134,11 +135,11 @@ def test_a_managed_pod_gets_its_numa_and_qos_events_and_the_link_its_metrics(clu
     assert "NumaPlaced" in described and "QosApplied" in described
 
     qnode.run_pod("ev-odd", {"anolisbox.sh/qoslevel": "turbo"})
-    odd = wait_for(lambda: by_reason(cluster, "ev-odd", "QosSkipped"), "the bad annotation's event")["QosSkipped"]
+    odd = wait_until(lambda: by_reason(cluster, "ev-odd", "QosSkipped"), "the bad annotation's event")["QosSkipped"]
     assert odd["type"] == "Warning" and "'turbo'" in odd["note"] and "QoS level LS" in odd["note"]
     # one event per pod per decision: the reconciler's passes add none
     runs = qnode.proxy.daemon.controllers.get("qos-reconcile").runs
-    wait_for(lambda: qnode.proxy.daemon.controllers.get("qos-reconcile").runs >= runs + 2, "two reconcile passes")
+    wait_until(lambda: qnode.proxy.daemon.controllers.get("qos-reconcile").runs >= runs + 2, "two reconcile passes")
     assert sorted(e["reason"] for e in pod_events(cluster, "ev-web")) == ["NumaPlaced", "QosApplied"]
 
     m = qnode.metrics()
@@ -163,7 +164,7 @@ def test_with_the_api_server_stopped_pods_are_not_slowed_and_events_are_dropped_
     for i in range(5):   # warm
         qnode.run_pod(f"warm-{i}", {"anolisbox.sh/qoslevel": "LS"})
     base = [qnode.run_pod(f"base-{i}", {"anolisbox.sh/qoslevel": "LS"})[1] for i in range(30)]
-    wait_for(lambda: events.counts()["events_queued"] == 0 and events.sent >= 70, "the baseline's events sent")
+    wait_until(lambda: events.counts()["events_queued"] == 0 and events.sent >= 70, "the baseline's events sent")
     sent = events.sent
     proc = cluster.cp.apiserver
     assert proc is not None
@@ -183,5 +184,5 @@ def test_with_the_api_server_stopped_pods_are_not_slowed_and_events_are_dropped_
     assert sink["dropped"] == st["events_dropped_full"] + st["events_dropped_rate"]
     assert sink["NumaPlaced"] + sink["QosApplied"] + sink["dropped"] == 2 * (5 + 30 + 200)
     # once the API server answers again, what was queued is sent or counted as failed
-    wait_for(lambda: events.counts()["events_queued"] == 0, "the queue drained", timeout=120)
-    wait_for(lambda: qnode.link.status()["state"] == "synced", "the watch back", timeout=60)
+    wait_until(lambda: events.counts()["events_queued"] == 0, "the queue drained", timeout=120)
+    wait_until(lambda: qnode.link.status()["state"] == "synced", "the watch back", timeout=60)

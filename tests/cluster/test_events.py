@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any, List
 
-from cluster_helpers import Cluster, Node, oenuma, wait_for
+from cluster_helpers import Cluster, Node, oenuma
 
 from anolisnuma.cluster.events import BURST, Event, EventRecorder, oenuma_regarding
+from anolisnuma.testing.waiting import wait_until
 
 
 def events_about(cluster: Cluster, namespace: str, name: str) -> List[Any]:
@@ -19,9 +20,9 @@ def events_about(cluster: Cluster, namespace: str, name: str) -> List[Any]:
 def test_a_pod_re_pinned_by_a_cr_gets_an_event(cluster: Cluster, node: Node) -> None:
     pod = node.kubelet.run("ev-0")
     cluster.apply(oenuma("ev", node.name, {"ev-0": 3}))
-    wait_for(lambda: node.settled(pod, (3,)), "the pod re-pinned")
-    ev = wait_for(lambda: [e for e in events_about(cluster, "batch", "ev-0") if e["reason"] == "NumaRepinned"],
-                  "the pod's event")[0]
+    wait_until(lambda: node.settled(pod, (3,)), "the pod re-pinned")
+    ev = wait_until(lambda: [e for e in events_about(cluster, "batch", "ev-0") if e["reason"] == "NumaRepinned"],
+                    "the pod's event")[0]
     assert ev["type"] == "Normal" and ev["regarding"]["uid"] == pod.uid and ev["regarding"]["kind"] == "Pod"
     assert ev["note"] == f"{node.name}: NUMA node 3, cpuset 6-7, memset 3, by Oenuma batch/ev"
     assert ev["reportingController"] == "anolisnuma.io/numa"
@@ -36,12 +37,12 @@ def test_a_malformed_cr_gets_an_event_and_its_repeats_a_series(cluster: Cluster,
            "metadata": {"name": "evbad", "namespace": "batch"},
            "spec": {"node": [{"name": node.name, "podAffinity": [{"podName": "x", "numaNum": -1}]}]}}
     cluster.apply(json.dumps(bad))
-    first = wait_for(lambda: events_about(cluster, "batch", "evbad"), "the CR's event")
+    first = wait_until(lambda: events_about(cluster, "batch", "evbad"), "the CR's event")
     assert first[0]["reason"] == "OenumaMalformed" and first[0]["type"] == "Warning"
     bad["spec"]["replicas"] = 2          # a new generation, the same problem
     cluster.apply(json.dumps(bad))
-    again = wait_for(lambda: [e for e in events_about(cluster, "batch", "evbad") if e.get("series")],
-                     "the repeat counted in the series")
+    again = wait_until(lambda: [e for e in events_about(cluster, "batch", "evbad") if e.get("series")],
+                       "the repeat counted in the series")
     assert len(events_about(cluster, "batch", "evbad")) == 1 and again[0]["series"]["count"] == 2
     cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "evbad")
 

@@ -16,13 +16,14 @@ import uuid
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
-from cluster_helpers import TOPOLOGY, Cluster, ctl, wait_for
+from cluster_helpers import TOPOLOGY, Cluster, ctl
 
 from anolisnuma.config import Config
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.fake_kernel import FakeKernel
 from anolisnuma.testing.kubelet_client import PERIOD, Kubelet
 from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
+from anolisnuma.testing.waiting import wait_until
 from cri_proto import api_pb2 as pb
 
 
@@ -83,8 +84,8 @@ def test_qos_without_numa_sends_its_events_and_publishes_no_topology(cluster: Cl
     daemon = proxy.daemon
     assert [h.name for h in daemon.hooks] == ["qos"] and daemon.cluster is not None
     uid = run_pod(kubelet, kernel, "nonuma-web", {"anolisbox.sh/qoslevel": "BE"})
-    found = wait_for(lambda: [e for e in pod_events(cluster, "nonuma-web") if e["reason"] == "QosApplied"],
-                     "the pod's QosApplied event")
+    found = wait_until(lambda: [e for e in pod_events(cluster, "nonuma-web") if e["reason"] == "QosApplied"],
+                       "the pod's QosApplied event")
     ev = found[0]
     assert ev["type"] == "Normal" and ev["regarding"]["uid"] == uid
     assert ev["note"].startswith(f"{name}: QoS level BE (annotation anolisbox.sh/qoslevel=BE): ")
@@ -96,7 +97,7 @@ def test_qos_without_numa_sends_its_events_and_publishes_no_topology(cluster: Cl
     nrt = cluster.cp.request("GET", "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies")["items"]
     assert name not in [o["metadata"]["name"] for o in nrt]
 
-    wait_for(lambda: daemon.cluster.status()["state"] == "up", "the link up after an event sent")
+    wait_until(lambda: daemon.cluster.status()["state"] == "up", "the link up after an event sent")
     code, text, err = ctl("--admin-socket", daemon.config.admin.socket, "status")
     assert code == 0, err
     line = next(ln for ln in text.splitlines() if ln.startswith("api server"))

@@ -3,7 +3,9 @@ topology with FakeCri as containerd, when CRs are created, changed, deleted)."""
 
 from __future__ import annotations
 
-from cluster_helpers import Cluster, Node, oenuma, wait_for
+from cluster_helpers import Cluster, Node, oenuma
+
+from anolisnuma.testing.waiting import wait_until
 
 
 def test_a_cr_created_changed_and_deleted_moves_a_running_pod(cluster: Cluster, node: Node) -> None:
@@ -12,30 +14,30 @@ def test_a_cr_created_changed_and_deleted_moves_a_running_pod(cluster: Cluster, 
     assert start is not None and len(start) == 1
     target = (start[0] + 2) % 4
     cluster.apply(oenuma("web", node.name, {"web-*": target}))
-    wait_for(lambda: node.settled(pod, (target,)), "the pod re-pinned to the CR's node")
+    wait_until(lambda: node.settled(pod, (target,)), "the pod re-pinned to the CR's node")
     assert node.placement.ledger.get(pod.uid).source == "rule"
 
     again = (target + 1) % 4
     cluster.apply(oenuma("web", node.name, {"web-*": again}))
-    wait_for(lambda: node.settled(pod, (again,)), "the pod re-pinned to the changed CR's node")
+    wait_until(lambda: node.settled(pod, (again,)), "the pod re-pinned to the changed CR's node")
 
     cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "web")
-    wait_for(lambda: node.placement.ledger.get(pod.uid).source == "balance", "the pod back to balance")
+    wait_until(lambda: node.placement.ledger.get(pod.uid).source == "balance", "the pod back to balance")
     back = node.nodes_of(pod)
-    wait_for(lambda: node.settled(pod, back), "the balanced placement applied")
+    wait_until(lambda: node.settled(pod, back), "the balanced placement applied")
 
 
 def test_the_node_reports_in_the_cr_status(cluster: Cluster, node: Node) -> None:
     pod = node.kubelet.run("db-0")
     cluster.apply(oenuma("db", node.name, {"db-0": 3, "ghost": 1}, numa=[{"numaNum": 3, "cpuset": "7"}]))
-    wait_for(lambda: node.settled(pod, (3,)), "the pod pinned")
+    wait_until(lambda: node.settled(pod, (3,)), "the pod pinned")
 
     def entry():
         cr = cluster.oenuma("batch", "db")
         mine = [e for e in (cr.get("status") or {}).get("nodes") or [] if e["name"] == node.name]
         return mine and mine[0]["observedGeneration"] == cr["metadata"]["generation"] and \
             any(p["state"] == "Pinned" for p in mine[0]["pods"]) and mine[0]
-    e = wait_for(entry, "this node's status entry")
+    e = wait_until(entry, "this node's status entry")
     pods = {p["name"]: p for p in e["pods"]}
     assert pods["db-0"]["cpuset"] == "7" and pods["db-0"]["numaNodes"] == [3] and pods["db-0"]["uid"] == pod.uid
     assert pods["ghost"]["state"] == "Absent"
@@ -58,9 +60,9 @@ def test_a_cr_with_garbage_fields_is_reported_and_skipped_the_others_apply(clust
                               "podAffinity": [{"podName": "worker-0", "numaNum": -1}]}]}}
     cluster.cp.kubectl("apply", "--validate=false", "-f", "-", input=json.dumps(bad))
     cluster.apply(oenuma("good", node.name, {"api-0": 2}))
-    wait_for(lambda: node.settled(pod, (2,)), "the good CR applied")
-    st = wait_for(lambda: node.link.status()["crs_skipped"] == ["batch/bad"] and node.link.status(),
-                  "the bad CR skipped")
+    wait_until(lambda: node.settled(pod, (2,)), "the good CR applied")
+    st = wait_until(lambda: node.link.status()["crs_skipped"] == ["batch/bad"] and node.link.status(),
+                    "the bad CR skipped")
     assert all("worker-0" not in r for r in st["rules"])
     assert node.placement.ledger.get(other.uid).source == "balance"
 
@@ -68,7 +70,7 @@ def test_a_cr_with_garbage_fields_is_reported_and_skipped_the_others_apply(clust
         entries = (cluster.oenuma("batch", "bad").get("status") or {}).get("nodes") or []
         mine = [e for e in entries if e["name"] == node.name]
         return mine and mine[0]["conditions"][0]
-    cond = wait_for(condition, "the bad CR's status condition")
+    cond = wait_until(condition, "the bad CR's status condition")
     assert cond["status"] == "False" and cond["reason"] == "Malformed" and "cpuset" in cond["message"]
     lines = [e for e in node.proxy.log_lines() if e.get("message") == "Oenuma CR skipped: malformed"]
     assert len(lines) == 1 and lines[0]["cr"] == "batch/bad"

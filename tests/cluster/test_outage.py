@@ -7,7 +7,9 @@ import statistics
 import time
 from typing import List
 
-from cluster_helpers import Cluster, Node, oenuma, wait_for
+from cluster_helpers import Cluster, Node, oenuma
+
+from anolisnuma.testing.waiting import wait_until
 
 
 def version_latencies(node: Node, n: int = 30) -> List[float]:
@@ -22,13 +24,13 @@ def version_latencies(node: Node, n: int = 30) -> List[float]:
 def test_api_server_killed_and_restarted_mid_watch(cluster: Cluster, node: Node) -> None:
     pod = node.kubelet.run("cache-0")
     cluster.apply(oenuma("cache", node.name, {"cache-*": 2}))
-    wait_for(lambda: node.settled(pod, (2,)), "the pod pinned by the CR")
+    wait_until(lambda: node.settled(pod, (2,)), "the pod pinned by the CR")
     version_latencies(node, 5)   # warm
     base = statistics.median(version_latencies(node))
 
     cluster.cp.kill_apiserver()
     try:
-        wait_for(lambda: node.link.status()["state"] == "down", "the daemon to notice the API server is gone")
+        wait_until(lambda: node.link.status()["state"] == "down", "the daemon to notice the API server is gone")
         # CRI calls do not wait for the API server
         down = version_latencies(node)
         assert statistics.median(down) < 5 * base, (base, down)
@@ -40,7 +42,7 @@ def test_api_server_killed_and_restarted_mid_watch(cluster: Cluster, node: Node)
         cluster.cp.start_apiserver()
     # what changed while the daemon was away is caught up with (a relist)
     cluster.apply(oenuma("cache", node.name, {"cache-*": 0}))
-    wait_for(lambda: node.settled(pod, (0,)) and node.settled(late, (0,)), "both pods re-pinned after the restart")
+    wait_until(lambda: node.settled(pod, (0,)) and node.settled(late, (0,)), "both pods re-pinned after the restart")
     st = node.link.status()
     print(st)
     assert st["state"] == "synced" and st["failures"] >= 1
@@ -53,17 +55,17 @@ def test_a_watch_answered_410_gone_is_followed_by_a_relist(cluster: Cluster, nod
     again and goes on watching from the new list."""
     pod = node.kubelet.run("queue-0")
     cluster.apply(oenuma("queue", node.name, {"queue-0": 1}))
-    wait_for(lambda: node.settled(pod, (1,)), "the pod pinned by the CR")
+    wait_until(lambda: node.settled(pod, (1,)), "the pod pinned by the CR")
     w = node.link.watcher
-    wait_for(lambda: w.watching, "the watch to be open")
+    wait_until(lambda: w.watching, "the watch to be open")
     lists, gone = w.lists, w.gone
     w.resource_version = "1"          # long compacted away
     w.client.abort()                  # the watch ends; the next one asks from "1"
-    wait_for(lambda: w.gone > gone and w.lists > lists and w.watching, "a 410 then a relist")
+    wait_until(lambda: w.gone > gone and w.lists > lists and w.watching, "a 410 then a relist")
     assert node.link.status()["state"] == "synced" and int(w.resource_version) > 1
     # and the watch still delivers
     cluster.apply(oenuma("queue", node.name, {"queue-0": 3}))
-    wait_for(lambda: node.settled(pod, (3,)), "the pod re-pinned after the relist")
+    wait_until(lambda: node.settled(pod, (3,)), "the pod re-pinned after the relist")
     cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "queue")
 
 
@@ -72,8 +74,8 @@ def test_the_last_rules_seen_apply_at_start_when_the_api_server_is_down(cluster:
     from cluster_helpers import start_node, stop_node
 
     cluster.apply(oenuma("saved", node.name, {"saved-*": 3}))
-    wait_for(lambda: node.link.status()["rules"], "the CR's rules in force")
-    wait_for(lambda: node.link.sync._persisted is not None, "the rules saved")
+    wait_until(lambda: node.link.status()["rules"], "the CR's rules in force")
+    wait_until(lambda: node.link.sync._persisted is not None, "the rules saved")
     stop_node(node)
     cluster.cp.kill_apiserver()
     try:
@@ -83,7 +85,7 @@ def test_the_last_rules_seen_apply_at_start_when_the_api_server_is_down(cluster:
             assert st["rules_from"] == "saved" and any("saved-*" in r for r in st["rules"])
             pod = again.kubelet.run("saved-0")     # placed at once, by the saved rule
             assert again.nodes_of(pod) == (3,)
-            wait_for(lambda: again.link.status()["state"] == "down", "the API server seen down")
+            wait_until(lambda: again.link.status()["state"] == "down", "the API server seen down")
         finally:
             stop_node(again)
     finally:
@@ -96,7 +98,7 @@ def test_the_watch_loop_stops_at_once_while_its_watch_is_open(cluster: Cluster, 
     cuts it, the thread ends well before."""
     w = node.link.watcher
     thread = w._thread
-    wait_for(lambda: w.watching and w.client.transport._watches, "the watch to be open")
+    wait_until(lambda: w.watching and w.client.transport._watches, "the watch to be open")
     started = time.monotonic()
     w.stop(timeout=25.0)
     took = time.monotonic() - started

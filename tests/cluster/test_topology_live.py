@@ -10,7 +10,9 @@ import urllib.error
 import uuid
 from typing import Any, Dict, Optional
 
-from cluster_helpers import TOPOLOGY, Cluster, ctl, start_node, stop_node, wait_for
+from cluster_helpers import TOPOLOGY, Cluster, ctl, start_node, stop_node
+
+from anolisnuma.testing.waiting import wait_until
 
 NRT = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies/"
 
@@ -36,8 +38,8 @@ def test_the_node_publishes_its_zones_and_they_follow_placements(cluster: Cluste
                       topology_interval_seconds=1.0, topology_manager_policy="single-numa-node")
     try:
         # (the object is on the API server a moment before the publisher counts its apply)
-        obj = wait_for(lambda: node.link.topology.publishes >= 1 and published(cluster, name),
-                       "the NodeResourceTopology published")
+        obj = wait_until(lambda: node.link.topology.publishes >= 1 and published(cluster, name),
+                         "the NodeResourceTopology published")
         gib4 = str(4 * 1024 ** 3)
         assert zone_resources(obj) == {f"node-{n}": {"cpu": ("2", "2", "2"), "memory": (gib4, gib4, gib4)}
                                        for n in range(4)}
@@ -53,7 +55,7 @@ def test_the_node_publishes_its_zones_and_they_follow_placements(cluster: Cluste
 
         # nothing changed: passes go by, no apply
         publishes, runs = publisher.publishes, publisher.runs
-        wait_for(lambda: publisher.runs >= runs + 2, "two more passes")
+        wait_until(lambda: publisher.runs >= runs + 2, "two more passes")
         assert publisher.publishes == publishes and publisher.unchanged >= 2
 
         pod = node.kubelet.run("nrt-0")          # 1 CPU and 1 GiB on one NUMA node
@@ -64,7 +66,7 @@ def test_the_node_publishes_its_zones_and_they_follow_placements(cluster: Cluste
         def changed() -> Any:
             o = published(cluster, name)
             return o is not None and zone_resources(o)[zone]["cpu"][2] != "2" and o
-        obj = wait_for(changed, "the zone's available CPU changed")
+        obj = wait_until(changed, "the zone's available CPU changed")
         res = zone_resources(obj)
         assert res[zone] == {"cpu": ("2", "2", "1"), "memory": (gib4, gib4, str(3 * 1024 ** 3))}
         assert all(res[f"node-{n}"]["cpu"] == ("2", "2", "2") for n in range(4) if n != placed[0])

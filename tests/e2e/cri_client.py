@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import grpc
 
@@ -333,16 +332,3 @@ def read_file(path: str) -> str:
     """A cgroup or state file's content, stripped."""
     with open(path) as f:
         return f.read().strip()
-
-
-def wait_for(cond: Callable[[], Any], what: str, timeout: float = 5.0, interval: float = 0.02) -> Any:
-    """Poll ``cond`` until it returns something true and return that; fail naming ``what``.
-    (The proxy's bookkeeping and post-hooks run just after a reply reached the client.)"""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from cri_client import KubeletLike, wait_for
+from cri_client import KubeletLike
 from test_numa_e2e import NS, alloc_of, direct, numa_config, real_cpus, res  # noqa: F401 (fixture)
 
 from anolisnuma.config import Config
 from anolisnuma.daemon import build_hooks
 from anolisnuma.system.traffic import TrafficSample, pod_pair
 from anolisnuma.testing.proxy import InProcessProxy
+from anolisnuma.testing.waiting import wait_until
 
 CG = "/sys/fs/cgroup"
 PORT = 5001
@@ -154,7 +155,7 @@ def test_real_traffic_between_two_pods_moves_one_next_to_the_other(containerd, d
         # The daemon's own loop samples, confirms the pair twice and moves one pod. A move
         # is counted at the end of its pass, once the re-pinner applied it (the ledger
         # changes earlier, in the middle of the pass).
-        wait_for(lambda: ctl.counts()["moves"], "an affinity move", timeout=15.0, interval=0.02)
+        wait_until(lambda: ctl.counts()["moves"], "an affinity move", timeout=15.0, interval=0.02)
         node = alloc_of(hook, a.uid).nodes
         assert alloc_of(hook, b.uid).nodes == node
         (mover,) = [p for p in (a, b) if alloc_of(hook, p.uid).nodes != before[p.uid]]
@@ -168,7 +169,7 @@ def test_real_traffic_between_two_pods_moves_one_next_to_the_other(containerd, d
 
         # What the observer measures (tcp_info of the connection) against what B's listener
         # read (the kernel's I/O accounting of the process), over the same ~2 s.
-        nc = wait_for(lambda: process_in(direct, cb, "nc"), "B's listener")
+        nc = wait_until(lambda: process_in(direct, cb, "nc"), "B's listener")
         samples, received = contiguous_samples(ctl, 8, lambda: bytes_read(nc), timeout=10.0)
         assert process_in(direct, cb, "nc") == nc, "the connection was re-made during the measurement"
         pair = pod_pair(a.uid, b.uid)
@@ -186,7 +187,7 @@ def test_real_traffic_between_two_pods_moves_one_next_to_the_other(containerd, d
         # The move is logged with its why.
         def move_lines() -> List[Dict[str, Any]]:
             return [r for r in proxy.log_lines() if r.get("message") == "affinity move"]
-        (line,) = wait_for(move_lines, "the 'affinity move' log line")
+        (line,) = wait_until(move_lines, "the 'affinity move' log line")
         assert line["pod_uid"] == mover.uid and line["to_nodes"] == list(node)
         assert line["from_nodes"] == list(before[mover.uid]) and line["bytes_per_second"] >= THRESHOLD
 

@@ -29,8 +29,8 @@ from anolisnuma.hooks.numa import NumaHook
 from anolisnuma.hooks.qos import QosHook
 from anolisnuma.system.cgroups import CgroupFs, enable_memory_migrate
 from anolisnuma.testing.containerd import cgroup_hierarchies
-from anolisnuma.testing.daemon_probes import wait_until
 from anolisnuma.testing.proxy import InProcessProxy
+from anolisnuma.testing.waiting import wait_until
 
 CG = "/sys/fs/cgroup"
 NS = "layout-e2e"

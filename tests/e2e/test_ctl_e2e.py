@@ -12,10 +12,11 @@ import tempfile
 import urllib.request
 from typing import Any, List, Tuple
 
-from cri_client import KubeletLike, SLEEP_FOREVER, wait_for
+from cri_client import KubeletLike, SLEEP_FOREVER
 from prometheus_client.parser import text_string_to_metric_families
 
 from anolisnuma.testing.proxy import REPO_ROOT, SubprocessProxy, config_dict
+from anolisnuma.testing.waiting import wait_until
 
 
 def ctl(admin: str, *args: str) -> Tuple[int, str, str]:
@@ -51,7 +52,7 @@ def test_ctl_and_metrics_during_a_real_pod_lifecycle(containerd, tmp_path):
     kl = None
     errors: List[str] = []
     try:
-        wait_for(lambda: os.path.exists(admin) and ctl_json(admin, "status")["ready"], "the daemon to be ready", 15)
+        wait_until(lambda: os.path.exists(admin) and ctl_json(admin, "status")["ready"], "the daemon to be ready", 15)
         status = ctl_json(admin, "status")
         assert status["containerd"]["reachable"] is True
         assert status["containerd"]["runtime"].startswith("containerd ")
@@ -62,8 +63,8 @@ def test_ctl_and_metrics_during_a_real_pod_lifecycle(containerd, tmp_path):
         kl = KubeletLike(proxy.socket_path, harness=containerd)
         pod = kl.run_pod(name="ctl-e2e", namespace="ctl-e2e")
         cid = kl.run_container(pod, "sleeper", command=SLEEP_FOREVER)
-        wait_for(lambda: metric(url, "anolisnuma_intercepted_calls_total", method="StartContainer", code="OK") == 1,
-                 "StartContainer to be counted")
+        wait_until(lambda: metric(url, "anolisnuma_intercepted_calls_total", method="StartContainer", code="OK") == 1,
+                   "StartContainer to be counted")
         assert metric(url, "anolisnuma_intercepted_calls_total", method="RunPodSandbox", code="OK") == 1
         assert metric(url, "anolisnuma_intercepted_call_duration_seconds_count", method="CreateContainer",
                       code="OK") == 1
@@ -79,7 +80,7 @@ def test_ctl_and_metrics_during_a_real_pod_lifecycle(containerd, tmp_path):
         assert code == 0 and "StartContainer" in out and "sleeper" in out, err
 
         kl.cleanup()
-        wait_for(lambda: all(p["namespace"] != "ctl-e2e" for p in ctl_json(admin, "pods")), "the pod to be gone")
+        wait_until(lambda: all(p["namespace"] != "ctl-e2e" for p in ctl_json(admin, "pods")), "the pod to be gone")
         code, _, err = ctl(admin, "explain", "ctl-e2e/ctl-e2e")
         assert code == 1 and "is known" in err
 

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pytest
-from cri_client import KubeletLike, Pod, pb, read_file, wait_for
+from cri_client import KubeletLike, Pod, pb, read_file
 
 from anolisnuma.config import Config
 from anolisnuma.daemon import build_hooks
@@ -41,6 +41,7 @@ from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.kubelet_env import service_link_env
 from anolisnuma.testing.goclient import build_gocri, run_gocri
 from anolisnuma.testing.proxy import InProcessProxy, config_dict
+from anolisnuma.testing.waiting import wait_until
 
 CG = "/sys/fs/cgroup"
 NS = "numa-large-e2e"             # managed namespace of this module only
@@ -190,7 +191,7 @@ def check_pinned(direct: KubeletLike, hook: NumaHook, kl: KubeletLike, results: 
             if a is None or set(a.containers) != set(cids) or a.pending:
                 return None
         return allocs
-    allocs = wait_for(ledger_complete, "the NUMA ledger to count every created container", timeout=10)
+    allocs = wait_until(ledger_complete, "the NUMA ledger to count every created container", timeout=10)
     assert set(allocs) == set(by_pod), "a pod with no created container holds a placement"
     node_of = {}
     for uid, a in allocs.items():

@@ -34,11 +34,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import grpc
 import pytest
-from cri_client import KubeletLike, Pod, pb, read_file, wait_for
+from cri_client import KubeletLike, Pod, pb, read_file
 
 from anolisnuma.config import Config
 from anolisnuma.daemon import build_hooks
@@ -46,6 +46,7 @@ from anolisnuma.hooks.numa import NumaHook
 from anolisnuma.testing.containerd import cgroup_hierarchies
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology, write_cpu_manager_state
 from anolisnuma.testing.proxy import InProcessProxy, SubprocessProxy, config_dict, read_log
+from anolisnuma.testing.waiting import wait_until
 
 CG = "/sys/fs/cgroup"
 NS = "numa-e2e"                 # managed namespace
@@ -58,11 +59,6 @@ RESYNC_LINE = "NUMA allocations reconciled with containerd"
 
 # ------------------------------------------------------------------------------ helpers
 
-
-
-def _wait(cond: Callable[[], Any], what: str, timeout: float = 8.0) -> Any:
-    """wait_for with this file's longer default: the subprocess proxy restarts here."""
-    return wait_for(cond, what, timeout, interval=0.05)
 
 
 def two_node_topology() -> FakeTopology:
@@ -194,7 +190,7 @@ def inprocess_numa_proxy(containerd: Any, base: str, direct: KubeletLike,
     proxy = InProcessProxy(config, hooks=hooks).start()
     kl: Optional[KubeletLike] = None
     try:
-        _wait(lambda: proxy.daemon.resynced, "the start-up resync")
+        wait_until(lambda: proxy.daemon.resynced, "the start-up resync")
         kl = KubeletLike(proxy.socket_path, harness=containerd)
         yield proxy, hook, kl, data
     finally:
@@ -352,7 +348,7 @@ def test_kubelet_static_cpu_manager_exclusive_cpu_never_used(containerd, direct,
         kl.stop_pod(g)
         kl.remove_pod(g)
         write_cpu_manager_state(state_path, default_cpuset="0-1")
-        _wait(lambda: str(hook.placement.shared_pool) == "0-1", "the new shared pool")
+        wait_until(lambda: str(hook.placement.shared_pool) == "0-1", "the new shared pool")
         late = kl.run_pod(name="after-release", namespace=NS)
         late_c = kl.run_container(late, "a", res(kl, cpuset="0-1"))
         assert alloc_of(hook, late.uid).nodes == (0,)
@@ -554,8 +550,8 @@ def test_kill_9_during_pod_storm_then_restart_state_matches_containerd(container
         # The restarted proxy relays calls at once, but its start-up resync must come first
         # here: a pod placed between the resync's containerd listing and NumaHook.resync
         # loses its allocation (product bug, see test 4), which would make this test flaky.
-        _wait(lambda: any(l.get("message") == RESYNC_LINE for l in _log_lines_from(log_file, log_mark)),
-              "the start-up resync of the restarted proxy", timeout=15)
+        wait_until(lambda: any(l.get("message") == RESYNC_LINE for l in _log_lines_from(log_file, log_mark)),
+                   "the start-up resync of the restarted proxy", timeout=15)
         rest = interrupted + left
         rest_q: "queue.Queue[Job]" = queue.Queue()
         for j in rest:
@@ -600,10 +596,10 @@ def test_kill_9_during_pod_storm_then_restart_state_matches_containerd(container
         def allocs() -> Dict[str, Dict[str, Any]]:
             return {a["pod_uid"]: a for a in load_numa_state(state_dir)}
 
-        a_unpinned = _wait(lambda: allocs().get(dead_unpinned.uid), "an allocation for the unpinned pod")
+        a_unpinned = wait_until(lambda: allocs().get(dead_unpinned.uid), "an allocation for the unpinned pod")
         want_unpinned = NODE_CPU[a_unpinned["nodes"][0]]
-        _wait(lambda: real_cpus(direct, dead_unpinned_c) == want_unpinned,
-              f"the repin loop to pin dead-unpinned to {want_unpinned}")
+        wait_until(lambda: real_cpus(direct, dead_unpinned_c) == want_unpinned,
+                   f"the repin loop to pin dead-unpinned to {want_unpinned}")
         a_pinned = allocs()[dead_pinned.uid]
         assert a_pinned["nodes"] == [1] and a_pinned["source"] == "adopted"
         assert set(a_pinned["containers"]) == {dead_pinned_c}
@@ -651,7 +647,7 @@ def test_kill_9_during_pod_storm_then_restart_state_matches_containerd(container
             pods_ = {p["sandbox_id"] for p in st["pods"] if p["namespace"] in OUR_NAMESPACES}
             ctrs = {c["container_id"] for c in st["containers"] if c["sandbox_id"] in sandboxes}
             return pods_ == set(sandboxes) and ctrs == set(containers)
-        _wait(store_matches, "store.json to list exactly what containerd has", timeout=5)
+        wait_until(store_matches, "store.json to list exactly what containerd has", timeout=5)
 
         # ---- (b) nothing double-booked: one node per pod, every real cgroup equals its
         # pod's placement, and the per-node loads of the ledger equal the demands of the
@@ -730,7 +726,7 @@ def test_pod_placed_while_startup_resync_runs_keeps_its_allocation(containerd, d
         c0 = kl.run_container(first, "a", res(kl, quota=50000, period=100000))
         assert alloc_of(hook, first.uid).nodes == (0,) and real_cpus(direct, c0) == "0"
         go_on.set()
-        _wait(lambda: proxy.daemon.resynced, "the start-up resync")
+        wait_until(lambda: proxy.daemon.resynced, "the start-up resync")
         second = kl.run_pod(name="early-1", namespace=NS)
         c1 = kl.run_container(second, "a", res(kl, quota=50000, period=100000))
         # the first pod still holds node 0, so the second one goes to node 1

@@ -11,9 +11,10 @@ import time
 
 import grpc
 import pytest
-from cri_client import KubeletLike, pb, read_file, wait_for
+from cri_client import KubeletLike, pb, read_file
 
 from anolisnuma.testing.proxy import InProcessProxy
+from anolisnuma.testing.waiting import wait_until
 
 CG = "/sys/fs/cgroup"
 
@@ -81,8 +82,8 @@ def test_host_network_pod_lifecycle_through_proxy(kubelet, kubelet_direct, proxy
     kubelet.remove_container(cid)
     kubelet.stop_pod(pod)
     kubelet.remove_pod(pod)
-    wait_for(lambda: store.container(cid) is None and store.pod(pod.id) is None,
-             "the store to forget the removed pod", timeout=3, interval=0.01)
+    wait_until(lambda: store.container(cid) is None and store.pod(pod.id) is None,
+               "the store to forget the removed pod", timeout=3, interval=0.01)
     assert not os.path.exists(cpu_dir)
 
     # One log line per intercepted request and reply, with the pod's identity.

@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 import grpc
 import pytest
-from cri_client import KubeletLike, pb, read_file, wait_for
+from cri_client import KubeletLike, pb, read_file
 
 from anolisnuma import logsetup
 from anolisnuma.config import HookSettings, PathsConfig
@@ -40,6 +40,7 @@ from anolisnuma.system.sysctl import cpu_vendor
 from anolisnuma.testing.daemon_probes import wait_until
 from anolisnuma.testing.fake_kernel import FakeKernel, FakeResctrl
 from anolisnuma.testing.proxy import InProcessProxy, make_config
+from anolisnuma.testing.waiting import wait_until
 
 CG = "/sys/fs/cgroup"
 NS = "qos-e2e"
@@ -245,7 +246,7 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
         for name, m in made.items():
             if name == LATE:
                 continue
-            wait_for(lambda: str(m["pid"]) in fk.resctrl.tasks(m["group"]),
+            wait_until(lambda: str(m["pid"]) in fk.resctrl.tasks(m["group"]),
                   f"pid {m['pid']} of {name} in {m['group']}/tasks")
             assert m["cid"] in mirror.mirrored and m["pid"] in mirror.mirrored[m["cid"]]
             want = {k: POD_VALUES[m["level"]][k] for k in CONTAINER_KNOBS}
@@ -293,7 +294,7 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
                 except OSError:
                     pass
             return None
-        exec_pid = wait_for(sleeper, "the exec'd sleep 31 in the real container cgroup")
+        exec_pid = wait_until(sleeper, "the exec'd sleep 31 in the real container cgroup")
         assert str(exec_pid) not in fk.resctrl.tasks("anolisnuma-all")
         fk.cgroup.set_tids(ls["crel"], _real_tids(ls["cgroups_path"]))
         counts = hook.run_once()
@@ -315,7 +316,7 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
         hook.reconciler.start()
         try:
             fk.cgroup.set(made["koord-lsr"]["crel"], "cpu.bvt_warp_ns", -1)
-            wait_for(lambda: fk.cgroup.read(made["koord-lsr"]["crel"], "cpu.bvt_warp_ns") == "2",
+            wait_until(lambda: fk.cgroup.read(made["koord-lsr"]["crel"], "cpu.bvt_warp_ns") == "2",
                   "the reconciler thread to repair cpu.bvt_warp_ns")
         finally:
             hook.reconciler.stop()
@@ -339,7 +340,7 @@ def test_levels_and_knobs_on_fake_tree(containerd, tmp_path):
 
         # Pods removed through the proxy are forgotten.
         assert not kl.cleanup()
-        wait_for(lambda: len(hook.state) == 0, "the hook to forget the removed pods")
+        wait_until(lambda: len(hook.state) == 0, "the hook to forget the removed pods")
 
 
 # -------------------------------------------------------------- 2. hostile annotations
@@ -440,7 +441,7 @@ def test_refused_knob_write_ignore_and_fail_policy(containerd, kubelet_direct, t
         assert "cpu.bvt_warp_ns" in err.value.details()
         assert uid2 not in {s.metadata.uid for s in kubelet_direct.list_pods()}
         # (logged by the relay once the refusal is sent: wait for it)
-        rep = wait_for(lambda: _lines(p, "run pod sandbox reply from anolisnuma", pod_name="refuse-fail"),
+        rep = wait_until(lambda: _lines(p, "run pod sandbox reply from anolisnuma", pod_name="refuse-fail"),
                     "the refusal's reply log line")
         assert rep[-1]["status"] == "INTERNAL"
         assert not _lines(p, "run pod sandbox reply from containerd", pod_name="refuse-fail")
@@ -518,7 +519,7 @@ def test_real_cgroup_tree_probe_paths_and_no_writes(containerd, tmp_path):
             assert all(c.targets == [] for c in managed.containers.values())
             # StartContainer post moved the container's REAL threads (read from the real
             # cgroup's tasks file, no mirroring) into the group.
-            wait_for(lambda: str(info["pid"]) in rc.tasks(group), f"pid {info['pid']} in {group}/tasks")
+            wait_until(lambda: str(info["pid"]) in rc.tasks(group), f"pid {info['pid']} in {group}/tasks")
             for k in knobs.CGROUP_KNOBS:
                 assert not os.path.exists(cg.knob_path(k, pc.rel))
                 assert not os.path.exists(cg.knob_path(k, crel))
@@ -537,7 +538,7 @@ def test_real_cgroup_tree_probe_paths_and_no_writes(containerd, tmp_path):
         for pc in made:
             for ctrl in V1_HIERARCHIES:
                 assert not os.path.exists(cg.dir(ctrl, pc.rel)), (ctrl, pc.rel)
-        wait_for(lambda: len(hook.state) == 0, "the hook to forget the removed pods")
+        wait_until(lambda: len(hook.state) == 0, "the hook to forget the removed pods")
     assert not _probe_leftovers()
 
 

@@ -21,9 +21,10 @@ import uuid
 from typing import Any, Dict, List, Tuple
 
 from cri_client import KubeletLike, Pod
-from test_numa_e2e import NS, _wait, alloc_of, check_ledger_consistent, direct, inprocess_numa_proxy, real_cpus, res  # noqa: F401
+from test_numa_e2e import NS, alloc_of, check_ledger_consistent, direct, inprocess_numa_proxy, real_cpus, res  # noqa: F401
 
 from anolisnuma.testing.fake_sysfs import write_cpu_manager_state
+from anolisnuma.testing.waiting import wait_until
 
 RESPREAD = {"threshold_cpus": 0.5, "settle_seconds": 0.0, "interval_seconds": 1.0, "max_moves_per_interval": 4,
             "cooldown_seconds": 0.0}
@@ -57,7 +58,7 @@ def test_pods_leaving_one_by_one_the_rest_spread_again_in_the_real_cgroups(conta
         for i in range(6):
             pod = kl.run_pod(name=f"spread-{i}", namespace=NS)
             pods.append((pod, kl.run_container(pod, "main", limited(kl))))
-        where = _wait(lambda: settled(hook, direct, pods), "the six pods placed")
+        where = wait_until(lambda: settled(hook, direct, pods), "the six pods placed")
         assert sorted(where.values()) == [0, 0, 0, 1, 1, 1]
         assert loop.counts()["moves"] == 0
         leaving = [(p, c) for p, c in pods if where[p.name] == 1]
@@ -68,8 +69,8 @@ def test_pods_leaving_one_by_one_the_rest_spread_again_in_the_real_cgroups(conta
             left = staying + leaving[k + 1:]
             if k == 1:
                 # node 1 now 1000 m free, node 0 100 m: one of node 0's pods is moved over
-                _wait(lambda: loop.counts()["moves"] == 1, "a re-spread move")
-            where = _wait(lambda: settled(hook, direct, left), "the real cpusets to agree with the ledger")
+                wait_until(lambda: loop.counts()["moves"] == 1, "a re-spread move")
+            where = wait_until(lambda: settled(hook, direct, left), "the real cpusets to agree with the ledger")
             check_ledger_consistent(hook)
         # 3 pods of node 0 were left: one moved to node 1 after the second departure
         assert sorted(where.values()) == [0, 0, 1]
@@ -96,15 +97,15 @@ def test_the_pool_growing_back_after_an_exclusive_allocation_re_spreads(containe
         for i in range(2):
             pod = kl.run_pod(name=f"shared-{i}", namespace=NS)
             pods.append((pod, kl.run_container(pod, "main", res(kl, quota=30000, period=100000, cpuset="1"))))
-        assert _wait(lambda: settled(hook, direct, pods), "both pods on node 1") == {"shared-0": 1, "shared-1": 1}
+        assert wait_until(lambda: settled(hook, direct, pods), "both pods on node 1") == {"shared-0": 1, "shared-1": 1}
         assert loop.counts()["moves"] == 0        # node 0 has no shared CPU: nowhere to spread to
 
         # the Guaranteed pod ends; the kubelet gives CPU 0 back to the shared pool
         kl.stop_pod(g)
         kl.remove_pod(g)
         write_cpu_manager_state(state_path, default_cpuset="0-1")
-        _wait(lambda: loop.counts()["moves"] == 1, "a re-spread move after the pool grew")
-        where = _wait(lambda: settled(hook, direct, pods), "the real cpusets to agree with the ledger")
+        wait_until(lambda: loop.counts()["moves"] == 1, "a re-spread move after the pool grew")
+        where = wait_until(lambda: settled(hook, direct, pods), "the real cpusets to agree with the ledger")
         assert sorted(where.values()) == [0, 1]
         moved = next(p for p, _ in pods if where[p.name] == 0)
         assert alloc_of(hook, moved.uid).source == "respread"

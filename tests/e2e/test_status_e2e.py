@@ -12,10 +12,11 @@ import shutil
 import tempfile
 from typing import List
 
-from cri_client import KubeletLike, SLEEP_FOREVER, wait_for
+from cri_client import KubeletLike, SLEEP_FOREVER
 from test_ctl_e2e import ctl, ctl_json
 
 from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
+from anolisnuma.testing.waiting import wait_until
 
 
 def test_status_degraded_while_containerd_is_stopped_then_ready(containerd, tmp_path):
@@ -32,8 +33,8 @@ def test_status_degraded_while_containerd_is_stopped_then_ready(containerd, tmp_
     errors: List[str] = []
     stopped = False
     try:
-        wait_for(lambda: os.path.exists(admin) and ctl_json(admin, "status")["state"] == "ready",
-                 "the daemon to be ready", 15)
+        wait_until(lambda: os.path.exists(admin) and ctl_json(admin, "status")["state"] == "ready",
+                   "the daemon to be ready", 15)
         status = ctl_json(admin, "status")
         assert status["degraded_because"] == [] and status["knobs"]["supported"] == []
         code, out, _ = ctl(admin, "status")
@@ -59,20 +60,20 @@ def test_status_degraded_while_containerd_is_stopped_then_ready(containerd, tmp_
 
         containerd.stop()
         stopped = True
-        st = wait_for(lambda: (lambda s: s if len(s["degraded_because"]) == 2 else None)(ctl_json(admin, "status")),
-                      "the resync to fail as well", 30)
+        st = wait_until(lambda: (lambda s: s if len(s["degraded_because"]) == 2 else None)(ctl_json(admin, "status")),
+                        "the resync to fail as well", 30)
         assert st["state"] == "degraded"
         assert st["degraded_because"][0].startswith(f"containerd does not answer at {containerd.socket}")
         assert st["degraded_because"][1].startswith("cannot list containerd: ")
-        wait_for(lambda: ctl_json(admin, "status")["controllers"]["runtime-resync"]["consecutive_failures"] >= 2,
-                 "a second failed resync", 30)
+        wait_until(lambda: ctl_json(admin, "status")["controllers"]["runtime-resync"]["consecutive_failures"] >= 2,
+                   "a second failed resync", 30)
         code, out, _ = ctl(admin, "status")
         assert code == 0 and 'DEGRADED (see "degraded because")' in out.splitlines()[0]
 
         containerd.start()
         stopped = False
-        st = wait_for(lambda: (lambda s: s if s["state"] == "ready" else None)(ctl_json(admin, "status")),
-                      "ready again", 30)
+        st = wait_until(lambda: (lambda s: s if s["state"] == "ready" else None)(ctl_json(admin, "status")),
+                        "ready again", 30)
         assert st["degraded_because"] == [] and st["controllers"]["runtime-resync"]["consecutive_failures"] == 0
         # the stopped sandbox is still stopped after containerd's restart (the resync says so)
         [row] = [p for p in ctl_json(admin, "pods") if p["namespace"] == "status-e2e"]

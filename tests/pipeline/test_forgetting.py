@@ -6,14 +6,12 @@ gone for the resync."""
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
-
 import grpc
 
 from anolisnuma.admin import views
 from anolisnuma.pipeline.hooks import Call, Hook
 from anolisnuma.testing.fake_cri import runtime_path
+from anolisnuma.testing.waiting import wait_until
 
 from pipeline_helpers import create_request, pb, sandbox_config
 
@@ -33,14 +31,6 @@ class Noting(Hook):
 
     def post(self, call: Call) -> None:
         pass
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-    return True
 
 
 def pipeline_structures(proxy) -> dict:

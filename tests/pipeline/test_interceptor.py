@@ -19,6 +19,7 @@ from anolisnuma.pipeline.hooks import (CREATE_CONTAINER, REMOVE_CONTAINER, REMOV
                                        UPDATE_CONTAINER_RESOURCES, Call, Hook, HookRefused)
 from anolisnuma.testing.fake_cri import FakeCri, runtime_path
 from anolisnuma.testing.proxy import InProcessProxy, make_config
+from anolisnuma.testing.waiting import wait_until
 
 from pipeline_helpers import CLIENT_OPTIONS, create_request, pb, pb_grpc, sandbox_config
 
@@ -56,18 +57,6 @@ class Recorder(Hook):
 
     def stages(self, method: Optional[str] = None) -> List[tuple]:
         return [(s, m) for s, m, *_ in self.seen if method is None or m == method]
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 3.0) -> Any:
-    """Poll ``cond`` until it returns something true, and return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.01)
 
 
 def set_cpuset(value: str):

@@ -16,7 +16,7 @@ import pytest
 from anolisnuma.config import HookSettings
 from anolisnuma.ctl.client import ask
 from anolisnuma.pipeline.hooks import CREATE_CONTAINER, Call, Hook
-from anolisnuma.testing.daemon_probes import status_when_up, wait_for
+from anolisnuma.testing.daemon_probes import status_when_up, wait_until
 from anolisnuma.testing.fake_cri import FakeCri, runtime_path
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.proxy import SubprocessProxy, config_dict
@@ -167,8 +167,8 @@ def test_with_no_thread_to_be_had_every_pod_still_gets_its_placement_or_is_refus
     channel = grpc.insecure_channel(proxy.address, options=CLIENT_OPTIONS)
     try:
         stub = pb_grpc.RuntimeServiceStub(channel)
-        wait_for(lambda: (status_when_up(admin_socket) or {}).get("resynced"), timeout=30,
-                 what="the hooks and their loops to be up")
+        wait_until(lambda: (status_when_up(admin_socket) or {}).get("resynced"), timeout=30,
+                   what="the hooks and their loops to be up")
         sandboxes = []
         for i in range(8):   # RunPodSandbox before the limit: the store knows each pod
             config = sandbox_config(f"job-{i}", namespace="batch")

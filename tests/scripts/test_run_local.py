@@ -53,11 +53,9 @@ def test_sigterm_stops_the_proxy_and_the_private_containerd(sockdir, tmp_path):
         if script.poll() is None:
             os.killpg(script.pid, signal.SIGKILL)
             subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
-    deadline = time.monotonic() + 10
-    while (_processes_mentioning(config) or _processes_mentioning(base)) and time.monotonic() < deadline:
-        time.sleep(0.05)  # processes reaped a moment after the script returned
-    assert not _processes_mentioning(config), "the proxy outlived run-local.sh"
-    assert not _processes_mentioning(base), "the private containerd outlived run-local.sh"
+    # (processes are reaped a moment after the script returned)
+    wait_until(lambda: not _processes_mentioning(config), "the proxy to end with run-local.sh")
+    wait_until(lambda: not _processes_mentioning(base), "the private containerd to end with run-local.sh")
     assert not os.path.exists(f"{sockdir}/local.sock")
     assert not os.path.exists("/var/lib/anolisnuma/store.json") or os.path.getmtime(
         "/var/lib/anolisnuma/store.json") < time.time() - 600  # the host's state dir untouched

@@ -8,6 +8,7 @@ import pytest
 
 from anolisnuma.config import CgroupsConfig, Config
 from anolisnuma.configfile import ConfigError
+from anolisnuma.daemon import read_kubelet_cgroup_settings
 from anolisnuma.system.cgroups import CgroupFs, enable_memory_migrate
 from anolisnuma.system.pod_cgroups import (
     Driver, InvalidCgroupPath, KubeletCgroupLayout, KubeQosClass, guess_root, resolve_layout,
@@ -158,9 +159,14 @@ def _kubelet_files(root, flags="", config="", dropin=None):
     return CgroupsConfig(kubelet_files_root=str(root))
 
 
+def _resolve(cfg):
+    """The layout as the daemon resolves it: the kubelet's files read with ctl's reader."""
+    return resolve_layout(cfg, kubelet_settings=read_kubelet_cgroup_settings)
+
+
 def test_auto_reads_the_kubelet_config_file(tmp_path):
     cfg = _kubelet_files(tmp_path, config="cgroupRoot: /custom\ncgroupDriver: systemd\n")
-    layout = resolve_layout(cfg)
+    layout = _resolve(cfg)
     assert (layout.root, layout.drivers) == ("/custom", (Driver.SYSTEMD,))
     assert "cgroupRoot in config file /var/lib/kubelet/config.yaml" in layout.origin
 
@@ -168,25 +174,25 @@ def test_auto_reads_the_kubelet_config_file(tmp_path):
 def test_auto_takes_the_flag_over_the_config_file(tmp_path):
     cfg = _kubelet_files(tmp_path, flags="--cgroup-root=/flagged --node-ip=10.0.0.5",
                          config="cgroupRoot: /custom\n")
-    layout = resolve_layout(cfg)
+    layout = _resolve(cfg)
     assert layout.root == "/flagged" and layout.drivers == tuple(Driver)   # no driver set: both shapes
     assert "--cgroup-root" in layout.origin
 
 
 def test_auto_without_a_kubelet_gives_its_defaults(tmp_path):
-    layout = resolve_layout(CgroupsConfig(kubelet_files_root=str(tmp_path)))
+    layout = _resolve(CgroupsConfig(kubelet_files_root=str(tmp_path)))
     assert (layout.root, layout.drivers, layout.origin) == ("/", tuple(Driver), "kubelet defaults")
 
 
 def test_a_kubelet_root_that_is_no_cgroup_path_falls_back_to_the_default(tmp_path):
     cfg = _kubelet_files(tmp_path, config="cgroupRoot: ../etc\n")
-    assert resolve_layout(cfg).root == "/"
+    assert _resolve(cfg).root == "/"
 
 
 def test_our_keys_win_over_the_kubelet(tmp_path):
     cfg = _kubelet_files(tmp_path, config="cgroupRoot: /custom\n")
     cfg.kubelet_cgroup_root, cfg.kubelet_cgroup_driver = "/ours", "cgroupfs"
-    layout = resolve_layout(cfg)
+    layout = _resolve(cfg)
     assert (layout.root, layout.drivers) == ("/ours", (Driver.CGROUPFS,))
     assert layout.origin == "cgroups.kubelet_cgroup_root; cgroups.kubelet_cgroup_driver"
 

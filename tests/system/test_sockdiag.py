@@ -5,7 +5,6 @@ only inside them, fake pod cgroups), plus the pure helpers."""
 import os
 import socket
 import threading
-import time
 import uuid
 
 import pytest
@@ -16,6 +15,7 @@ from anolisnuma.system.netns import run_in_netns
 from anolisnuma.system.procfs import pod_uid_from_cgroup_path
 from anolisnuma.system.sockdiag import DiagChannel, endpoint, endpoint_str, is_loopback
 from anolisnuma.testing.netlab import lab_usable
+from anolisnuma.testing.waiting import wait_until
 
 UID = "0f8fad5b-d9cb-469f-a165-70867728950e"
 CID = "a" * 64
@@ -35,27 +35,13 @@ def in_ns(pid, fn):
     return r.value
 
 
-POLL = 0.005      # between two looks at kernel state while waiting for a condition
-
-
-def wait_for(check, what, tries=1000):
-    """Poll ``check()`` (a condition on kernel state) until it returns something truthy;
-    bounded to ``tries`` looks (5 s)."""
-    for _ in range(tries):
-        got = check()
-        if got:
-            return got
-        time.sleep(POLL)
-    raise AssertionError(f"never happened: {what}")
-
-
 def dump_of(pid, skip_loopback=False):
     return in_ns(pid, lambda ch: ch.dump(skip_loopback))
 
 
 def wait_dump(pid, cond, what):
     """The namespace's dump once ``cond(dump)`` holds."""
-    return wait_for(lambda: (lambda d: d if cond(d) else None)(dump_of(pid)), what)
+    return wait_until(lambda: (lambda d: d if cond(d) else None)(dump_of(pid)), what)
 
 
 # ---------------------------------------------------------------------- pure helpers
@@ -162,7 +148,10 @@ def test_decoder_agrees_with_pyroute2(lab):
         p.expect("connected")
     for p in peers:
         p.expect("sent")
-    wait_dump(sink.pid, lambda d: sum(s.bytes_received for s in d) == 8000, "all bytes received")
+    # (a connection still in the accept queue has no inode yet: the two dumps must not
+    # straddle the sink's accept)
+    wait_dump(sink.pid, lambda d: sum(s.bytes_received for s in d) == 8000 and all(s.inode for s in d),
+              "all bytes received and every connection accepted")
 
     def both(_pid, _key):
         with DiagChannel() as ch:
@@ -224,7 +213,7 @@ def test_refresh_follows_counters_and_reports_closed_sockets(lab):
         now = ch.refresh(first)
         moving = [s for s in now if s and s.bytes_acked > before[s.cookie].bytes_acked]
         return now if moving else None
-    now = wait_for(lambda: in_ns(stream.pid, grown), "the stream's counter to grow")
+    now = wait_until(lambda: in_ns(stream.pid, grown), "the stream's counter to grow")
     assert all(s is not None for s in now)
     assert [s.cookie for s in now] == [s.cookie for s in first]
     # the idle one did not move
@@ -232,8 +221,8 @@ def test_refresh_follows_counters_and_reports_closed_sockets(lab):
     assert len(idle_now) == 1
 
     idle.stop()
-    gone = wait_for(lambda: (lambda r: r if None in r else None)(in_ns(stream.pid, lambda ch: ch.refresh(first))),
-                    "the closed socket to be reported gone")
+    gone = wait_until(lambda: (lambda r: r if None in r else None)(in_ns(stream.pid, lambda ch: ch.refresh(first))),
+                      "the closed socket to be reported gone")
     assert sum(s is None for s in gone) == 1
     # many lookups at once (more than one request chunk)
     many = in_ns(stream.pid, lambda ch: ch.refresh([s for s in first if s.cookie != idle_now[0].cookie] * 100))
@@ -293,7 +282,7 @@ def test_tcp_opens_moves_when_a_connection_is_made(lab):
     assert procfs.tcp_opens("/proc", holder.pid) == before_a
     lab.spawn(a, None, "idle", "198.18.0.2", "9000").expect("connected")
     assert procfs.tcp_opens("/proc", holder.pid) == before_a + 1              # ActiveOpens
-    wait_for(lambda: procfs.tcp_opens("/proc", sink.pid) == before_b + 1, "PassiveOpens")
+    wait_until(lambda: procfs.tcp_opens("/proc", sink.pid) == before_b + 1, "PassiveOpens")
 
 
 @needs_lab

@@ -10,7 +10,7 @@ from typing import Iterator, List
 import pytest
 
 from anolisnuma.ctl.client import ask
-from anolisnuma.testing.daemon_probes import fds, status_when_up, wait_for
+from anolisnuma.testing.daemon_probes import fds, status_when_up, wait_until
 from anolisnuma.testing.fake_cri import FakeCri, runtime_path
 from anolisnuma.testing.h2raw import RawH2Client
 from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
@@ -33,8 +33,8 @@ def daemon(sockdir: str, backend: FakeCri) -> Iterator[SubprocessProxy]:
         "admin": {"socket": f"{sockdir}/admin.sock"}})
     proxy = SubprocessProxy(cfg, sockdir).start()
     # the start-up's probe of the socket is a connection too, until the daemon reads its end
-    wait_for(lambda: (status_when_up(cfg["admin"]["socket"]) or {}).get("relay", {}).get("connections") == 0,
-             timeout=30, what="the start-up probe's connection to end")
+    wait_until(lambda: (status_when_up(cfg["admin"]["socket"]) or {}).get("relay", {}).get("connections") == 0,
+               timeout=30, what="the start-up probe's connection to end")
     yield proxy
     proxy.stop()
 
@@ -71,7 +71,7 @@ def test_a_connection_that_never_speaks_is_closed_and_the_others_are_served(daem
             for c in silent:
                 c.close()
         assert version(good, 3)   # the connection that spoke is not touched by the timeout
-    wait_for(lambda: fds(pid) < baseline, what="the daemon to close the connections' descriptors")
+    wait_until(lambda: fds(pid) < baseline, what="the daemon to close the connections' descriptors")
     assert "kubelet connection closed: no HTTP/2 preface within server.handshake_timeout_seconds" \
         in log_messages(daemon)
 
@@ -87,7 +87,7 @@ def test_a_connection_over_the_cap_is_closed_at_once_and_room_comes_back(daemon)
             assert extra.wait_closed()
             assert extra.frames == []   # closed before containerd was even asked
         held.pop().close()
-        wait_for(lambda: connections(daemon) < MAX_CONNECTIONS, what="the daemon to see a connection end")
+        wait_until(lambda: connections(daemon) < MAX_CONNECTIONS, what="the daemon to see a connection end")
         assert _served(daemon)
     finally:
         for c in held:

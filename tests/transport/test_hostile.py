@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from anolisnuma.testing.channel_options import CLIENT_OPTIONS, GO_LIKE_SERVER, MIB
-from anolisnuma.testing.daemon_probes import Watchdog, assert_recovers, fds, rss_bytes, wait_for
+from anolisnuma.testing.daemon_probes import Watchdog, assert_recovers, fds, rss_bytes, wait_until
 from anolisnuma.testing.fake_cri import FakeCri, runtime_path
 from anolisnuma.testing.h2raw import RawH2Client
 from anolisnuma.testing.proxy import SubprocessProxy, config_dict, read_log
@@ -58,8 +58,8 @@ def daemon(sockdir: str, backend: FakeCri) -> Iterator[SubprocessProxy]:
     # these tests are about the relay, so they start once the hooks are ready (a call
     # whose wait began in the very loop turn the hooks became ready was seen to wait on:
     # see Interceptor._when_ready).
-    wait_for(lambda: any(line.get("message") == "hooks ready" for line in read_log(cfg["log"]["file"])),
-             timeout=30, what="the daemon's hooks ready")
+    wait_until(lambda: any(line.get("message") == "hooks ready" for line in read_log(cfg["log"]["file"])),
+               timeout=30, what="the daemon's hooks ready")
     # A first call warms up every code path, so that RSS baselines are taken on a warm
     # daemon; then the daemon itself ends that connection (an oversized frame), so that
     # when its end reaches us, the fds it used are closed and the fd baseline is exact.
@@ -145,8 +145,8 @@ def test_undecodable_header_block_ends_the_connection_and_nothing_passes_unpolic
         cri_grpc.RuntimeServiceStub(ch).RunPodSandbox(cri.RunPodSandboxRequest(config=cri.PodSandboxConfig(
             metadata=cri.PodSandboxMetadata(name="p", uid="u1", namespace="default"))), timeout=5)
     # the daemon's log is written by a thread of its own: the lines may follow the reply
-    wait_for(lambda: any(line.get("message") == "run pod sandbox request from kubelet"
-                         for line in read_log(daemon.data["log"]["file"])), what="the call's log line")
+    wait_until(lambda: any(line.get("message") == "run pod sandbox request from kubelet"
+                           for line in read_log(daemon.data["log"]["file"])), what="the call's log line")
     assert any(line.get("http2_error") == "COMPRESSION_ERROR" for line in read_log(daemon.data["log"]["file"]))
 
 
@@ -199,7 +199,7 @@ def test_client_gone_with_both_directions_full_leaves_nothing_open(daemon, backe
             c.send(c.frame(wire.DATA, 0, 3, b"u" * 16384))
         c.send(c.frame(wire.DATA, 0, 3, b"u" * (16384 - 1 - 5)))  # 5 bytes went to the download
         c.read(timeout=5, until=lambda f: f.type == wire.DATA and f.stream == 1)  # flowing
-        wait_for(lambda: c.unread_bytes() >= 64 * 1024, what="the download filling the client's buffer")
+        wait_until(lambda: c.unread_bytes() >= 64 * 1024, what="the download filling the client's buffer")
         c.close()
     assert_recovers(daemon.proc.pid, rss0, fds0)
 
