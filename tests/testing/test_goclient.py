@@ -61,8 +61,10 @@ def test_concurrent_version_calls_come_back_decoded(gocri, target, fake):
     assert sorted(g.request for g in got) == sorted(bodies)
     assert all(g.metadata_dict["user-agent"].startswith("grpc-go/") for g in got)
     assert all(g.time_remaining is not None and 8 < g.time_remaining <= 10 for g in got)
-    # and the calls were in flight together, not one after another
-    assert max(g.at for g in got) - min(g.at for g in got) < 0.3
+    # and the calls were in flight together, not one after another: one by one, the last
+    # would reach the backend 23 x 0.3 s after the first; together, at once (a quarter of
+    # that leaves room for a machine whose cores are busy with something else)
+    assert max(g.at for g in got) - min(g.at for g in got) < 0.3 * len(bodies) / 4
     assert max(r["elapsed_ms"] for r in results) < 24 * 300 / 2
 
 
