@@ -28,7 +28,7 @@ log = structlog.get_logger("anolisnuma.numa")
 
 
 @dataclass
-class _MoveInFlight:
+class MoveInFlight:
     """A live move whose re-pins are not all applied yet: what to go back to when one
     fails, and the containers already re-pinned."""
 
@@ -45,12 +45,12 @@ class LiveMoves:
     :class:`~anolisnuma.placement.service.PlacementService` (a part of it: the state is the
     service's, see ``PlacementService.__init__``)."""
 
+    # ================================================================== live moves
     def moves_in_flight(self) -> List[str]:
         """Pods whose live move is not fully applied yet."""
         with self._lock:
             return sorted(self._moves)
 
-    # ================================================================== live moves
     def move(self, pod_uid: str, nodes: Sequence[int], reason: str = "", source: str = "affinity") -> bool:
         """Move a running managed pod onto ``nodes``: check it may move and fits, move its
         allocation, persist, and list every container of the pod for the re-pinner
@@ -78,7 +78,7 @@ class LiveMoves:
                 return False
             pool = self.ledger.pool
             request = PodRequest(alloc.demand_millicpu(), alloc.demand_memory())
-            old = _MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source, reason)
+            old = MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source, reason)
             self.ledger.remove(pod_uid)
             try:
                 loads = self.ledger.loads()
@@ -103,7 +103,7 @@ class LiveMoves:
             self._save()
         return True
 
-    def _start_move(self, alloc: Allocation, placement: Placement, source: str, old: _MoveInFlight) -> None:
+    def _start_move(self, alloc: Allocation, placement: Placement, source: str, old: MoveInFlight) -> None:
         """Move the allocation (under the lock) and list its containers for the re-pinner;
         the memory of its containers follows on cgroup v1. The caller saves."""
         if placement.mems and placement.mems != alloc.mems:

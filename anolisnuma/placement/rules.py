@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import structlog
 
-from anolisnuma.placement.moves import _MoveInFlight
+from anolisnuma.placement.moves import MoveInFlight
 from anolisnuma.policies.numa.balance import NoPlacement, Placement, PodRequest, balance, pin
 from anolisnuma.policies.numa.ledger import Allocation
 from anolisnuma.policies.numa.rules import PinRule, RuleFileError, parse_oenuma_documents
@@ -32,6 +32,7 @@ class PlacementRules:
     :class:`~anolisnuma.placement.service.PlacementService` (a part of it: the state is the
     service's, see ``PlacementService.__init__``)."""
 
+    # ================================================================== queries
     def select(self, pod: PodRecord) -> Selection:
         """Whether ``pod`` is managed, and the rule that pins it."""
         return self._selector.select(pod.namespace, pod.name, pod.annotations, pod.labels)
@@ -52,6 +53,7 @@ class PlacementRules:
         """Why the pod's rule could not be applied to it ("" when it was, or none names it)."""
         return self._rule_failures.get(pod_uid, "")
 
+    # ================================================================== rule files, Oenuma CRs
     def reload_rules(self) -> None:
         """Re-read the rule directory when a file in it changed."""
         if self._rules is None:
@@ -98,6 +100,7 @@ class PlacementRules:
             self._rules_dirty = True
             self._rule_failures.clear()
 
+    # ================================================================== re-pins after a rule change
     def reconcile_rules(self) -> int:
         """After the rules changed: every running pod a rule now names is moved live where
         the rule says (unless it is there), and every pod a rule pinned that no rule names
@@ -126,7 +129,7 @@ class PlacementRules:
                     if alloc.source != source:
                         self.ledger.move(alloc.pod_uid, placement, source=source)
                     continue
-                old = _MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source,
+                old = MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source,
                                     placement.reason or "placement rules changed")
                 self._start_move(alloc, placement, source, old)
                 moved += 1

@@ -23,6 +23,15 @@ that did not reach containerd, a live move) are listed by
 :meth:`~PlacementService.pending_updates` for the re-pinner, which reports back with
 :meth:`~PlacementService.mark_applied` or :meth:`~PlacementService.apply_failed` (a failed
 re-pin of a move rolls the whole move back).
+
+The class is one, its code in three modules: this one holds the state (in ``__init__``),
+the kubelet's calls, the pool, persistence and resync; :mod:`.rules` the rule sources and
+the re-pins a rule change causes (:class:`~anolisnuma.placement.rules.PlacementRules`);
+:mod:`.moves` the live moves and the re-pinner's reports
+(:class:`~anolisnuma.placement.moves.LiveMoves`). They share one lock, one ledger and one
+list of pending re-pins, and each entry point of one part may end in another (a removed
+container ends a move; a rule change starts moves), so they are parts of one class rather
+than objects passing that state between them.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ import structlog
 
 from anolisnuma.decision_events import DecisionEvents, NumaPlaced, PodRef, no_events
 from anolisnuma.placement.move_history import MoveHistory
-from anolisnuma.placement.moves import LiveMoves, _MoveInFlight
+from anolisnuma.placement.moves import LiveMoves, MoveInFlight
 from anolisnuma.placement.rules import PlacementRules
 from anolisnuma.policies.numa.balance import NoPlacement, Placement, PodRequest, balance, millicpu_of, pin
 from anolisnuma.policies.numa.config import NumaConfig
@@ -99,7 +108,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         self.ledger = Ledger(topology, topology.cpus)
         self.follow_pool()
         self._pending_updates: Dict[str, Tuple[CpuSet, CpuSet]] = {}
-        self._moves: Dict[str, _MoveInFlight] = {}   # live moves being applied, by pod uid
+        self._moves: Dict[str, MoveInFlight] = {}   # live moves being applied, by pod uid
         self.move_history = MoveHistory()             # why each placed pod moved (ctl pods/explain)
         self._resynced = False
         self._save_failed = False
