@@ -10,10 +10,12 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "anolisnuma")
 
-MAX_LINES = 700
-# Today's longer modules (ctl/kubelet.py and transport/splice.py were split into packages).
-# The list is to shrink to nothing: take a module off once it is under the limit, add none.
-TOO_LONG_TODAY = {"placement/service.py"}
+MAX_LINES = 600
+# Today's longer modules (ctl/kubelet.py, transport/splice.py and placement/service.py were
+# split). The list is to shrink to nothing: take a module off once it is under the limit, add none.
+TOO_LONG_TODAY = {
+    "system/traffic.py",   # 604 lines when the limit went from 700 to 600
+}
 # Test helpers, and generated code (the CRI stubs live outside the package, in cri_proto/).
 NOT_COUNTED = ("testing/",)
 

@@ -23,31 +23,41 @@ that did not reach containerd, a live move) are listed by
 :meth:`~PlacementService.pending_updates` for the re-pinner, which reports back with
 :meth:`~PlacementService.mark_applied` or :meth:`~PlacementService.apply_failed` (a failed
 re-pin of a move rolls the whole move back).
+
+The class is one, its code in three modules: this one holds the state (in ``__init__``),
+the kubelet's calls, the pool, persistence and resync; :mod:`.rules` the rule sources and
+the re-pins a rule change causes (:class:`~anolisnuma.placement.rules.PlacementRules`);
+:mod:`.moves` the live moves and the re-pinner's reports
+(:class:`~anolisnuma.placement.moves.LiveMoves`). They share one lock, one ledger and one
+list of pending re-pins, and each entry point of one part may end in another (a removed
+container ends a move; a rule change starts moves), so they are parts of one class rather
+than objects passing that state between them.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Container, Dict, List, Optional, Sequence, Set, Tuple
 
 import structlog
 
-from anolisnuma.decision_events import DecisionEvents, NumaMoveFailed, NumaPlaced, PodRef, no_events
+from anolisnuma.decision_events import DecisionEvents, NumaPlaced, PodRef, no_events
 from anolisnuma.placement.move_history import MoveHistory
-from anolisnuma.policies.numa.balance import (
-    NoPlacement, Placement, PodRequest, balance, free_capacity, millicpu_of, node_capacity, pin)
+from anolisnuma.placement.moves import LiveMoves, MoveInFlight
+from anolisnuma.placement.rules import PlacementRules
+from anolisnuma.policies.numa.balance import NoPlacement, Placement, PodRequest, balance, millicpu_of, pin
 from anolisnuma.policies.numa.config import NumaConfig
 from anolisnuma.policies.numa.cpu_manager import CpuManagerStateError, KubeletCpuState
 from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError
 from anolisnuma.policies.numa.ledger import Allocation, ContainerShare, Ledger
-from anolisnuma.policies.numa.rules import PinRule, RuleFileError, parse_oenuma_documents, resolve_pins
-from anolisnuma.policies.numa.selection import PodSelector, Selection
+from anolisnuma.policies.numa.rules import PinRule, resolve_pins
+from anolisnuma.policies.numa.selection import PodSelector
 from anolisnuma.policies.numa.topology import NumaTopology
 from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.state.numa_state import NumaStateFile
 from anolisnuma.state.records import ContainerRecord, PodRecord
-from anolisnuma.system.cgroups import CgroupFs, enable_memory_migrate
+from anolisnuma.system.cgroups import CgroupFs
 from anolisnuma.system.kubelet_state import CpuManagerStateFile
 from anolisnuma.system.rule_files import RuleDirectory
 
@@ -65,19 +75,6 @@ class Answer:
     note: str = ""
 
 
-@dataclass
-class _MoveInFlight:
-    """A live move whose re-pins are not all applied yet: what to go back to when one
-    fails, and the containers already re-pinned."""
-
-    nodes: Tuple[int, ...]
-    home: CpuSet
-    mems: CpuSet
-    source: str
-    reason: str
-    applied: Set[str] = field(default_factory=set)
-
-
 def parse_cpus(text: str) -> Optional[CpuSet]:
     """A cpuset field as the kubelet or containerd wrote it; None when it does not parse."""
     try:
@@ -90,7 +87,7 @@ def where(nodes: Sequence[int]) -> str:
     return ("node " if len(nodes) == 1 else "nodes ") + ",".join(str(n) for n in nodes)
 
 
-class PlacementService(PodStateHolder):
+class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
     """``PlacementService(config, topology, kubelet_file, state_file, cgroups)``; allocations
     are loaded from ``state_file``, rules from ``config.pins`` and ``config.rules_dir``."""
 
@@ -111,7 +108,7 @@ class PlacementService(PodStateHolder):
         self.ledger = Ledger(topology, topology.cpus)
         self.follow_pool()
         self._pending_updates: Dict[str, Tuple[CpuSet, CpuSet]] = {}
-        self._moves: Dict[str, _MoveInFlight] = {}   # live moves being applied, by pod uid
+        self._moves: Dict[str, MoveInFlight] = {}   # live moves being applied, by pod uid
         self.move_history = MoveHistory()             # why each placed pod moved (ctl pods/explain)
         self._resynced = False
         self._save_failed = False
@@ -130,26 +127,6 @@ class PlacementService(PodStateHolder):
         self._load_state()
 
     # ================================================================== queries
-    def select(self, pod: PodRecord) -> Selection:
-        """Whether ``pod`` is managed, and the rule that pins it."""
-        return self._selector.select(pod.namespace, pod.name, pod.annotations, pod.labels)
-
-    def rule_pinned(self, alloc: Allocation) -> bool:
-        """Whether a placement rule pins this pod (it never moves)."""
-        return alloc.source == "rule" or self._selector.select(alloc.namespace, alloc.name, {}, {}).rule is not None
-
-    @property
-    def rule_count(self) -> int:
-        return len(self._selector.rules)
-
-    def rule_of(self, alloc: Allocation) -> Optional[PinRule]:
-        """The rule that names this pod now (the first that matches), if any."""
-        return self._selector.select(alloc.namespace, alloc.name, {}, {}).rule
-
-    def rule_failure(self, pod_uid: str) -> str:
-        """Why the pod's rule could not be applied to it ("" when it was, or none names it)."""
-        return self._rule_failures.get(pod_uid, "")
-
     def pending_pods(self) -> Set[str]:
         """Pods with a re-pin not applied yet."""
         with self._lock:
@@ -184,11 +161,6 @@ class PlacementService(PodStateHolder):
         UpdateContainerResources. ``cpuset_mems`` is "" when memory is not pinned."""
         with self._lock:
             return [(cid, str(c), str(m)) for cid, (c, m) in sorted(self._pending_updates.items())]
-
-    def moves_in_flight(self) -> List[str]:
-        """Pods whose live move is not fully applied yet."""
-        with self._lock:
-            return sorted(self._moves)
 
     # ================================================================== the kubelet's calls
     def place_container(self, pod: PodRecord, sandbox_id: str, share: ContainerShare, pod_demand: PodRequest,
@@ -393,150 +365,6 @@ class PlacementService(PodStateHolder):
                 self._forget(alloc)
                 self._save()
 
-    # ================================================================== live moves
-    def move(self, pod_uid: str, nodes: Sequence[int], reason: str = "", source: str = "affinity") -> bool:
-        """Move a running managed pod onto ``nodes``: check it may move and fits, move its
-        allocation, persist, and list every container of the pod for the re-pinner
-        (:meth:`pending_updates`) with the new ``cpuset_cpus`` and ``cpuset_mems``. On
-        cgroup v1, ``cpuset.memory_migrate`` is set in the containers' cpuset cgroups
-        first, so that their memory follows the new mems.
-
-        Refused (False, with a log line) when the pod is unknown, pinned by a rule, has
-        kubelet-exclusive CPUs, has no container, is being moved already, is already there,
-        or the target nodes lack shared CPUs or free capacity for its demand. A re-pin that
-        fails later rolls the move back (:meth:`apply_failed`). ``source`` becomes the
-        allocation's source (who moved it: ``affinity``, ``respread``); ``reason`` is logged
-        with the move.
-        """
-        target = tuple(sorted(set(int(n) for n in nodes)))
-        if not target:
-            return False
-        self.follow_pool()
-        with self._lock:
-            alloc = self.ledger.get(pod_uid)
-            why = self._why_not_movable(pod_uid, alloc, target)
-            if why is not None or alloc is None:
-                log.info("live NUMA move refused", pod=alloc.ref if alloc else None, pod_uid=pod_uid,
-                         to_nodes=list(target), why=why, reason=reason or None)
-                return False
-            pool = self.ledger.pool
-            request = PodRequest(alloc.demand_millicpu(), alloc.demand_memory())
-            old = _MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source, reason)
-            self.ledger.remove(pod_uid)
-            try:
-                loads = self.ledger.loads()
-                cap = node_capacity(self.topology, pool)
-                free = free_capacity(self.topology, pool, loads)
-                room = sum(free.get(n, 0) for n in target)
-                if any(cap.get(n, 0) <= 0 for n in target):
-                    why = "a target node has no CPU in the shared pool"
-                elif room < max(request.millicpu, 1):
-                    why = f"not enough free capacity ({room / 1000:g} CPUs free, {request.millicpu / 1000:g} needed)"
-                placement = None if why else pin(self.topology, pool, loads, target, request,
-                                                   memory_pinning=self.config.memory_pinning, reason=reason)
-            except NoPlacement as e:
-                why, placement = str(e), None
-            finally:
-                self.ledger.add(alloc)
-            if placement is None:
-                log.info("live NUMA move refused", pod=alloc.ref, pod_uid=pod_uid, to_nodes=list(target), why=why,
-                         reason=reason or None)
-                return False
-            self._start_move(alloc, placement, source, old)
-            self._save()
-        return True
-
-    def _start_move(self, alloc: Allocation, placement: Placement, source: str, old: _MoveInFlight) -> None:
-        """Move the allocation (under the lock) and list its containers for the re-pinner;
-        the memory of its containers follows on cgroup v1. The caller saves."""
-        if placement.mems and placement.mems != alloc.mems:
-            for problem in enable_memory_migrate(self._cgroups, alloc.pod_uid, sorted(alloc.containers)):
-                log.warning("cannot make memory follow a live NUMA move; pages stay where they are",
-                            pod=alloc.ref, problem=problem)
-        self.ledger.move(alloc.pod_uid, placement, source=source)
-        want = alloc.cpus(self.ledger.pool)
-        for cid in alloc.containers:
-            self._pending_updates[cid] = (want, alloc.mems)
-        self._moves[alloc.pod_uid] = old
-        self.move_history.decided(alloc.pod_uid, old.nodes, alloc.nodes, source, old.reason)
-        log.info("live NUMA move decided", pod=alloc.ref, pod_uid=alloc.pod_uid, from_nodes=list(old.nodes),
-                 to_nodes=list(alloc.nodes), cpus=str(want), mems=str(alloc.mems), containers=len(alloc.containers),
-                 source=source, reason=old.reason or None)
-
-    def _why_not_movable(self, pod_uid: str, alloc: Optional[Allocation], target: Tuple[int, ...]) -> Optional[str]:
-        if alloc is None:
-            return "not a placed pod"
-        if self.rule_pinned(alloc):
-            return "pinned by a placement rule"
-        if self._kubelet.has_exclusive(pod_uid):
-            return "has kubelet-exclusive CPUs"
-        if not alloc.containers:
-            return "no running container"
-        if pod_uid in self._moves:
-            return "a move of this pod is still being applied"
-        if any(not self.topology.has_node(n) for n in target):
-            return "no such NUMA node"
-        if tuple(alloc.nodes) == target:
-            return "already there"
-        return None
-
-    # ================================================================== re-pins
-    def mark_applied(self, container_id: str, cpus: Optional[str] = None, mems: Optional[str] = None) -> None:
-        """The re-pinner applied a pending update. With ``cpus``/``mems`` (what it sent), an
-        update that changed meanwhile (a move decided during the call) stays pending."""
-        with self._lock:
-            if cpus is not None:
-                now = self._pending_updates.get(container_id)
-                if now is not None and (str(now[0]), str(now[1])) != (cpus, mems if mems is not None else str(now[1])):
-                    return
-            self._pending_updates.pop(container_id, None)
-            alloc = self.ledger.by_container(container_id)
-            if alloc is not None and alloc.pod_uid in self._moves:
-                self._moves[alloc.pod_uid].applied.add(container_id)
-                self._move_progress(alloc)
-
-    def apply_failed(self, container_id: str, error: str = "") -> bool:
-        """The re-pinner could not apply a container's pending cpuset. When the container
-        belongs to a live move, the move is rolled back: the pod's allocation goes back
-        where it was (persisted), containers already re-pinned are listed to be re-pinned
-        back, the others are no longer pending. True when a move was rolled back (other
-        failures stay pending and are retried)."""
-        with self._lock:
-            alloc = self.ledger.by_container(container_id)
-            if alloc is None or alloc.pod_uid not in self._moves:
-                return False
-            mv = self._moves.pop(alloc.pod_uid)
-            self.move_history.finished(alloc.pod_uid, "rolled back", error)
-            new_nodes, moved_by = alloc.nodes, alloc.source
-            if alloc.source == "rule":   # (not retried until the rules change again)
-                self._rule_failures[alloc.pod_uid] = f"re-pin failed and was rolled back: {error or 'error'}"
-            self.ledger.move(alloc.pod_uid, Placement(nodes=mv.nodes, home=mv.home, cpus=mv.home & self.ledger.pool,
-                                                       mems=mv.mems), source=mv.source)
-            want = alloc.cpus(self.ledger.pool)
-            for cid in alloc.containers:
-                if cid in mv.applied and want:
-                    self._pending_updates[cid] = (want, alloc.mems)
-                else:
-                    self._pending_updates.pop(cid, None)
-            self._save()
-        log.warning("live NUMA move failed; pod rolled back", pod=alloc.ref, pod_uid=alloc.pod_uid,
-                    from_nodes=list(new_nodes), back_to=list(mv.nodes), container_id=container_id,
-                    error=error or None, repin_back=sorted(mv.applied) or None)
-        if moved_by != "rule":   # (a rule's failure is told by the cluster side's NumaRuleFailed)
-            self.decisions(NumaMoveFailed(PodRef(alloc.namespace, alloc.name, alloc.pod_uid), tuple(new_nodes),
-                                          tuple(mv.nodes), error, mv.reason))
-        return True
-
-    def _move_progress(self, alloc: Allocation) -> None:
-        if any(cid in self._pending_updates for cid in alloc.containers):
-            return
-        mv = self._moves.pop(alloc.pod_uid, None)
-        if mv is not None:
-            self.move_history.finished(alloc.pod_uid, "applied")
-            log.info("live NUMA move applied", pod=alloc.ref, pod_uid=alloc.pod_uid, from_nodes=list(mv.nodes),
-                     to_nodes=list(alloc.nodes), cpus=str(alloc.cpus(self.ledger.pool)), mems=str(alloc.mems),
-                     reason=mv.reason)
-
     # ================================================================== decisions
     def _decide(self, rule: Optional[PinRule], request: PodRequest, pool: CpuSet, logger: Any) -> Tuple[Placement, str]:
         loads = self.ledger.loads()
@@ -596,7 +424,7 @@ class PlacementService(PodStateHolder):
         for cid in alloc.containers:
             self._pending_updates.pop(cid, None)
 
-    # ================================================================== the kubelet's pool, rules
+    # ================================================================== the kubelet's pool
     def follow_pool(self) -> None:
         """Re-read the kubelet's CPU manager checkpoint when it changed (one ``stat``
         otherwise): its shared pool is where our placements live."""
@@ -619,117 +447,6 @@ class PlacementService(PodStateHolder):
             stranded = [a.ref for a in self.ledger if a.home.isdisjoint(pool)]
             log.info("kubelet shared CPU pool changed", policy=state.policy, old=str(old), new=str(pool),
                      exclusive=str(state.exclusive_cpus), stranded_pods=stranded or None)
-
-    def reload_rules(self) -> None:
-        """Re-read the rule directory when a file in it changed."""
-        if self._rules is None:
-            return
-        sig = self._rules.signature()
-        if sig == self._rules_sig:
-            return
-        if not sig[0]:
-            log.warning("NUMA rules directory does not exist", rules_dir=self._rules.path)
-        files, problems = self._rules.read()
-        rules: List[PinRule] = []
-        for path, documents in files:
-            try:
-                r, p = parse_oenuma_documents(documents, path, self.node_name, self.topology)
-            except RuleFileError as e:
-                problems.append(f"rule file {path} skipped: {' '.join(str(e).split())[:400]}")
-                continue
-            rules.extend(r)
-            problems.extend(p)
-        for problem in problems:
-            log.error("placement rule problem", problem=problem)
-        self._rules_sig = sig
-        self._file_rules = rules
-        self._use_rules()
-        log.info("NUMA placement rules loaded", rules_dir=self._rules.path, node_name=self.node_name,
-                 rules=[r.describe() for r in rules], problems=len(problems))
-
-    def set_cluster_rules(self, rules: Sequence[PinRule]) -> bool:
-        """The rules of the Oenuma CRs naming this node, in their order (they come after the
-        config pins and the rule files). True when they changed; the running pods they
-        concern are re-pinned by the next :meth:`reconcile_rules`."""
-        rules = list(rules)
-        if rules == self._cluster_rules:
-            return False
-        self._cluster_rules = rules
-        self._use_rules()
-        return True
-
-    def _use_rules(self) -> None:
-        """One rules engine for every source; first match wins: config pins, rule files, CRs."""
-        with self._lock:
-            self._selector = self._selector.with_rules(list(self._config_rules) + self._file_rules
-                                                       + self._cluster_rules)
-            self._rules_dirty = True
-            self._rule_failures.clear()
-
-    def reconcile_rules(self) -> int:
-        """After the rules changed: every running pod a rule now names is moved live where
-        the rule says (unless it is there), and every pod a rule pinned that no rule names
-        any more is moved back to where balance puts it. The moves are those of
-        :meth:`move` (listed for the re-pinner, memory following, rolled back when a re-pin
-        fails). Pods with kubelet-exclusive CPUs stay; a pod whose move is still being
-        applied is taken again at the next call. Returns the moves decided."""
-        if not self._rules_dirty:
-            return 0
-        self.follow_pool()
-        moved = 0
-        with self._lock:
-            self._rules_dirty = False
-            for alloc in list(self.ledger):
-                if not alloc.containers or self._kubelet.has_exclusive(alloc.pod_uid):
-                    continue
-                if alloc.pod_uid in self._moves:
-                    self._rules_dirty = True   # (again once that move is done)
-                    continue
-                target = self._rule_target(alloc)
-                if target is None:
-                    continue
-                placement, source = target
-                if (placement.nodes == alloc.nodes and placement.home == alloc.home
-                        and (source == "balance" or placement.mems == alloc.mems)):
-                    if alloc.source != source:
-                        self.ledger.move(alloc.pod_uid, placement, source=source)
-                    continue
-                old = _MoveInFlight(alloc.nodes, alloc.home, alloc.mems, alloc.source,
-                                    placement.reason or "placement rules changed")
-                self._start_move(alloc, placement, source, old)
-                moved += 1
-            self._save()
-        return moved
-
-    def _rule_target(self, alloc: Allocation) -> Optional[Tuple[Placement, str]]:
-        """Where the rules want a placed pod now, and the placement's source ("rule" or
-        "balance"); None to leave it where it is."""
-        rule = self.rule_of(alloc)
-        if rule is None and alloc.source != "rule":
-            return None
-        pool = self.ledger.pool
-        request = PodRequest(alloc.demand_millicpu(), alloc.demand_memory(), near=alloc.nodes)
-        self.ledger.remove(alloc.pod_uid)
-        try:
-            if rule is not None:
-                placement = pin(self.topology, pool, self.ledger.loads(), rule.nodes, request, cpus=rule.cpus,
-                                mems=rule.mems, memory_pinning=self.config.memory_pinning,
-                                reason=f"pinned by {rule.source}")
-                if rule.mems is None and tuple(placement.nodes) == tuple(alloc.nodes):
-                    # (memory widened by today's loads is no reason to move a pod the rule keeps)
-                    placement = Placement(placement.nodes, placement.home, placement.cpus, alloc.mems,
-                                          placement.reason)
-                return placement, "rule"
-            log.info("the rule that pinned the pod is gone; back to balance", pod=alloc.ref, pod_uid=alloc.pod_uid)
-            return balance(self.topology, pool, self.ledger.loads(), request,
-                           memory_pinning=self.config.memory_pinning), "balance"
-        except NoPlacement as e:
-            self._rule_failures[alloc.pod_uid] = str(e)
-            log.warning("placement rule cannot be applied to a running pod; it stays", pod=alloc.ref,
-                        rule=rule.describe() if rule else None, reason=str(e))
-            return None
-        finally:
-            self.ledger.add(alloc)
 
     # ================================================================== persistence and resync
     def _load_state(self) -> None:
