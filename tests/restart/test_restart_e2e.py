@@ -125,6 +125,12 @@ def test_create_in_flight_at_sigterm_completes_with_its_post_hooks(lab):
     assert lab.placements_missing() == []
 
 
+def _containerd_finishing_a_cut_call(r: dict) -> bool:
+    """A teardown containerd refused because it is still finishing a call the kill cut on the
+    same container ("in starting state, can't be removed"): containerd's answer, relayed."""
+    return r["method"].endswith(TEARDOWN) and "state" in r["msg"]
+
+
 def test_kill9_fails_only_the_calls_in_flight(lab):
     """kill -9 twice under load: the calls that fail were started before the kill and fail
     UNAVAILABLE; the calls started while no daemon runs wait in the supervisor's backlog and
@@ -149,14 +155,16 @@ def test_kill9_fails_only_the_calls_in_flight(lab):
     # The only other failures: containerd still finishing a cut call on the same container
     # ("in starting state, can't be removed"), retried by the client as the kubelet does.
     others = [r for r in failures(records) if r["code"] != 14]
-    assert all(r["method"].endswith(TEARDOWN) and "state" in r["msg"] for r in others), json.dumps(others)
+    assert all(_containerd_finishing_a_cut_call(r) for r in others), json.dumps(others)
     for killed, ready in kills:
         # made while no daemon ran, answered once the next one was up: they waited in the backlog
         waited = [r for r in calls if killed < r["t"] < ready and r["t"] + r["ms"] / 1000 > ready - 0.1
                   and r["code"] == 0]
         assert waited, "no call waited for the next daemon"
+        # (one of them may be such a teardown: it waited for the daemon, then containerd refused it)
         late = [r for r in calls if killed + 0.5 < r["t"] < ready]
-        assert all(r["code"] == 0 for r in late), [r for r in late if r["code"]]
+        assert all(r["code"] == 0 or _containerd_finishing_a_cut_call(r) for r in late), \
+            [r for r in late if r["code"]]
     assert stream_report(records)["lost"] == []
     assert steady and lab.placements_missing() == []
 
