@@ -195,3 +195,9 @@ def cluster_link(config: Optional[KubernetesConfig], placement: Optional[Any], s
         log.error("lightkube, the Kubernetes client, cannot be imported; no API server link (no Oenuma CRs, "
                   "no events)", error=str(e))
         return None
+    except Exception as e:  # noqa: BLE001 - the relay and the hooks run on without the cluster side
+        # e.g. a rules file of a newer format (StateFormatTooNew: left untouched, since
+        # nothing of the link runs to write it)
+        log.error("cannot set up the API server link; the node runs without it (no Oenuma CRs, no events)",
+                  error=str(e), error_type=type(e).__name__)
+        return None
