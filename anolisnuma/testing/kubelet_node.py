@@ -67,6 +67,7 @@ from anolisnuma.testing.images import BUSYBOX_IMAGE
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane, k8s_dir
 from anolisnuma.testing.proxy import REPO_ROOT, config_dict, write_config
 from anolisnuma.testing.socket_supervisor import SocketSupervisor
+from anolisnuma.testing.waiting import wait_until
 
 KUBELET = "kubelet"
 BASE_PREFIX = "/tmp/anolisnuma-kubelet-"
@@ -123,17 +124,19 @@ def _mnt_ns(pid: int) -> Optional[str]:
 
 def _wait_for(cond: Any, what: str, timeout: float, proc: Optional[subprocess.Popen] = None,
               hint: Any = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
+    """:func:`~anolisnuma.testing.waiting.wait_until`, given up at once when ``proc`` exits;
+    RuntimeError (with ``hint()``, e.g. a log's tail) either way."""
+    def condition() -> Any:
         got = cond()
-        if got:
-            return got
-        if proc is not None and proc.poll() is not None:
+        if not got and proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{what}: the process exited with {proc.returncode}"
                                f"{'' if hint is None else ': ' + hint()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: not within {timeout:g}s{'' if hint is None else ': ' + hint()}")
-        time.sleep(0.1)   # a poll of the condition
+        return got
+
+    try:
+        return wait_until(condition, what, timeout, interval=0.1)
+    except AssertionError:
+        raise RuntimeError(f"{what}: not within {timeout:g}s{'' if hint is None else ': ' + hint()}") from None
 
 
 def _tail(path: str, n: int = 4000) -> str:
