@@ -318,8 +318,8 @@ def _grpc_ready(socket_path: str, timeout: float) -> Optional[str]:
     except ImportError:
         return _ctr_ready(socket_path, timeout)
 
-    opts = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20),
-            ("grpc.max_reconnect_backoff_ms", 200)]
+    # No min_reconnect_backoff_ms: grpc core uses it as the connect timeout (channel_options.py).
+    opts = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.max_reconnect_backoff_ms", 200)]
     ch = grpc.insecure_channel(f"unix://{socket_path}", options=opts)
     try:
         # Raw bytes: an empty VersionRequest; the CRI plugin refuses calls until it is

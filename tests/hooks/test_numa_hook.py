@@ -3,7 +3,6 @@
 import json
 import os
 import threading
-import time
 import uuid
 from typing import Dict, List, Optional
 
@@ -24,6 +23,7 @@ from anolisnuma.policies.numa.selection import SKIP_KEY
 from anolisnuma.state.gone import PodGone, PodKeys
 from anolisnuma.state.records import ContainerRecord, ContainerResources, PodRecord
 from anolisnuma.testing import fake_sysfs as F
+from anolisnuma.testing.waiting import wait_until
 from cri_proto import api_pb2 as pb
 
 PERIOD = 100000
@@ -347,10 +347,8 @@ def test_kubelet_state_file_is_watched(tmp_path):
         node.default = CpuSet.parse("4-127")
         node.entries = {"u": {"c": "0-3"}}
         node._write_state()
-        deadline = time.time() + 5
-        while time.time() < deadline and str(node.hook.placement.shared_pool) != "4-127":
-            time.sleep(0.02)
-        assert str(node.hook.placement.shared_pool) == "4-127"
+        wait_until(lambda: str(node.hook.placement.shared_pool) == "4-127",
+                   "the watcher to take the kubelet's new shared pool")
     finally:
         watcher.stop()
 

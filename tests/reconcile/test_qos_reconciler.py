@@ -11,6 +11,7 @@ from anolisnuma.hooks.qos import QosHook
 from anolisnuma.policies.qos.config import QosConfig
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.testing.fake_kernel import FakeKernel
+from anolisnuma.testing.waiting import wait_until
 
 
 @pytest.fixture
@@ -199,10 +200,8 @@ def test_background_thread_starts_and_stops(node):
     try:
         assert hook.reconciler.running
         node.cgroup.set(pod_rel, "cpu.bvt_warp_ns", 1)
-        deadline = time.monotonic() + 5
-        while node.cgroup.read(pod_rel, "cpu.bvt_warp_ns") != "-1" and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert node.cgroup.read(pod_rel, "cpu.bvt_warp_ns") == "-1"
+        wait_until(lambda: node.cgroup.read(pod_rel, "cpu.bvt_warp_ns") == "-1",
+                   "the reconciler to put cpu.bvt_warp_ns back")
     finally:
         hook.close()
     assert not hook.reconciler.running

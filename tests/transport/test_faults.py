@@ -27,7 +27,7 @@ def version(channel: grpc.Channel, timeout: float = 5.0):
     return cri_v1_grpc.RuntimeServiceStub(channel).Version(cri_v1.VersionRequest(version="v1"), timeout=timeout)
 
 
-def eventually_ok(channel: grpc.Channel, within: float = 5.0):
+def eventually_ok(channel: grpc.Channel, within: float = 15.0):
     """Retry Version with short sleeps, as the kubelet does, until it succeeds."""
     deadline = time.monotonic() + within
     while True:
