@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -107,16 +108,34 @@ class RestartLab:
             for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
                 if p.metadata.namespace != NAMESPACE:
                     continue
-                try:
-                    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id), timeout=60)
-                    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id), timeout=60)
-                except grpc.RpcError as e:
-                    problems.append(f"pod {p.metadata.name}: {e.code().name} {e.details()}")
+                error = self._stop_and_remove(rt, pb, p.id)
+                if error is not None:
+                    problems.append(f"pod {p.metadata.name}: {error.code().name} {error.details()}")
         for parent in self.parents:
             left = self.containerd.remove_pod_cgroup(parent)
             problems += [f"cgroup left: {d}" for d in left]
         self.parents = []
         return problems
+
+    @staticmethod
+    def _stop_and_remove(rt: Any, pb: Any, sandbox_id: str, attempts: int = 20) -> Optional[Any]:
+        """StopPodSandbox then RemovePodSandbox, again while containerd refuses (a StartContainer
+        a kill cut may finish after the stop, leaving a running task), as the kubelet does; None
+        once removed, else the last error."""
+        import grpc
+
+        error = None
+        for _ in range(attempts):
+            try:
+                rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=60)
+                rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=60)
+                return None
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return None
+                error = e
+                time.sleep(0.25)   # the kubelet's pace of retries, not a wait for a state
+        return error
 
     # ---------------------------------------------------------------- pods
     def pod_template(self, name: str, millicpu: int = 500) -> Tuple[bytes, bytes, str]:

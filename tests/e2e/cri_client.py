@@ -159,8 +159,9 @@ class KubeletLike:
         return cfg
 
     # ---------------------------------------------------------------- plain calls
-    def version(self) -> Any:
-        return self.runtime.Version(pb.VersionRequest(version="v1"), timeout=self.timeout)
+    def version(self, timeout: Optional[float] = None) -> Any:
+        return self.runtime.Version(pb.VersionRequest(version="v1"),
+                                    timeout=self.timeout if timeout is None else timeout)
 
     def status(self) -> Dict[str, bool]:
         """Runtime conditions by type, e.g. ``{"RuntimeReady": True, "NetworkReady": True}``."""

@@ -147,9 +147,9 @@ def test_containerd_restart_under_running_proxy(containerd, tmp_path):
             containerd.kill()
             t0 = time.monotonic()
             with pytest.raises(grpc.RpcError) as err:
-                kl.version()
+                kl.version(timeout=30)
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert time.monotonic() - t0 < 2.0, "calls must fail fast while containerd is down"
+            assert time.monotonic() - t0 < 5.0, "calls must fail fast while containerd is down, not at the deadline"
             containerd.restart()
             deadline = time.monotonic() + 15
             while True:
@@ -185,7 +185,8 @@ def test_stop_waits_for_a_call_in_flight(containerd, tmp_path):
 
         t = threading.Thread(target=slow_stop)
         t.start()
-        time.sleep(0.5)
+        wait_until(lambda: any(m.endswith("/StopContainer") for s in p.daemon.relay.splices
+                               for m in s.open_methods()), "the StopContainer to be in flight")
         assert p.stop() == 0
         t.join(10)
         assert "ok" in result, result

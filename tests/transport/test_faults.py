@@ -15,6 +15,7 @@ import pytest
 
 from anolisnuma.testing.fake_cri import runtime_path
 from anolisnuma.testing.proxy import InProcessProxy, SubprocessProxy, config_dict, make_config
+from anolisnuma.testing.waiting import wait_until
 from anolisnuma.transport.listener import ListenerError, UnixListener
 
 cri_v1 = pytest.importorskip("cri_api.v1.api_pb2")
@@ -25,6 +26,10 @@ VERSION = runtime_path("Version")
 
 def version(channel: grpc.Channel, timeout: float = 5.0):
     return cri_v1_grpc.RuntimeServiceStub(channel).Version(cri_v1.VersionRequest(version="v1"), timeout=timeout)
+
+
+# "Fails fast": well before the call's 10 s deadline, and a loaded 2-core machine has room.
+FAST = 3.0
 
 
 def eventually_ok(channel: grpc.Channel, within: float = 15.0):
@@ -49,7 +54,7 @@ def test_backend_down_at_start_fails_fast_unavailable(sockdir, open_channel):
             with pytest.raises(grpc.RpcError) as e:
                 version(channel, timeout=10)
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < FAST
 
 
 def test_backend_socket_file_without_listener_fails_fast(sockdir, open_channel):
@@ -62,7 +67,7 @@ def test_backend_socket_file_without_listener_fails_fast(sockdir, open_channel):
         with pytest.raises(grpc.RpcError) as e:
             version(open_channel(proxy.address), timeout=10)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < FAST
 
 
 def test_backend_restarted_under_running_proxy(proxy, fake, open_channel):
@@ -73,7 +78,7 @@ def test_backend_restarted_under_running_proxy(proxy, fake, open_channel):
     with pytest.raises(grpc.RpcError) as e:
         version(channel, timeout=10)
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < FAST
     fake.start()
     assert eventually_ok(channel).runtime_name == "fake-cri"
     # and a fresh client too
@@ -151,12 +156,16 @@ def test_in_process_stop_drains_calls_in_flight(sockdir, fake, open_channel):
         fake.wait_for_calls(VERSION, 2)
         stopper = threading.Thread(target=lambda: result.setdefault("exit", proxy.stop()))
         stopper.start()
-        time.sleep(0.15)  # draining: GOAWAY sent, socket gone, the slow call still running
+        # draining: socket gone, the last GOAWAY sent (a call that crossed the first one
+        # would still be served), the slow call still running
+        wait_until(lambda: not os.path.exists(proxy.socket_path)
+                   and all(s.goodbye == 2 for s in proxy.daemon.relay.splices),
+                   "the drain's last GOAWAY")
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as e:  # a new call during the drain fails fast
             version(channel, timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < FAST
         stopper.join(10)
         t.join(5)
         assert result["exit"] == 0

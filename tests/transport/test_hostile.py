@@ -108,7 +108,7 @@ def test_continuation_flood_ends_the_connection(fields, daemon):
         assert c.goaway_code() == wire.ENHANCE_YOUR_CALM
         assert c.wait_closed()
     assert sent < 8 * MIB, "the proxy kept reading the flood"
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10
     assert_recovers(daemon.proc.pid, rss0, fds0)
 
 
@@ -124,7 +124,7 @@ def test_many_empty_literals_in_one_block_end_the_connection_quickly(daemon):
             c.send(c.frame(wire.CONTINUATION, wire.FLAG_END_HEADERS if i == len(frames) - 1 else 0, 1, f))
         started = time.monotonic()
         assert c.goaway_code() == wire.ENHANCE_YOUR_CALM
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0     # a quadratic decoder took 14 s
 
 
 def test_undecodable_header_block_ends_the_connection_and_nothing_passes_unpoliced(daemon, backend):
@@ -235,4 +235,4 @@ def test_sigterm_during_a_flood_stops_within_the_grace(daemon):
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(timeout=10) == 0
         grace = daemon.data["server"]["shutdown_grace_seconds"]
-        assert time.monotonic() - started < grace + 1.0
+        assert time.monotonic() - started < grace + 3.0

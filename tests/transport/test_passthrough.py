@@ -137,12 +137,12 @@ def test_no_deadline_means_none_at_backend(proxy, fake, open_channel):
 
 def test_deadline_exceeded_at_backend_is_the_callers(proxy, fake, open_channel):
     fake.set_reply(UNKNOWN_METHOD, b"ok")
-    fake.set_delay(UNKNOWN_METHOD, 2.0)
+    fake.set_delay(UNKNOWN_METHOD, 6.0)
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as e:
         raw_unary(open_channel(proxy.address), UNKNOWN_METHOD)(b"", timeout=0.3)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 4.0       # the caller's 0.3 s, not the backend's 6 s
 
 
 # ---------------------------------------------------------------- message sizes
@@ -244,8 +244,8 @@ def test_sixteen_concurrent_callers(proxy, fake, open_channel):
         list(pool.map(caller, range(16)))
     assert not errors, errors[:3]
     assert fake.calls(UNKNOWN_METHOD) == 160
-    # 160 calls of 50 ms each in 16 parallel lanes: they overlapped
-    assert time.monotonic() - started < 4.0
+    # 160 calls of 50 ms each take 8 s one after another, whatever the load: they overlapped
+    assert time.monotonic() - started < 6.0
 
 
 def test_many_sequential_calls_with_churning_metadata(proxy, fake, open_channel):

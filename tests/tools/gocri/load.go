@@ -228,10 +228,8 @@ func (l *loader) lifecycle(i int, p podTemplate) bool {
 	if code != 0 || sandbox == "" {
 		return false
 	}
-	defer func() {
-		l.retry(rt+"StopPodSandbox", bytesField(1, []byte(sandbox)))
-		l.retry(rt+"RemovePodSandbox", bytesField(1, []byte(sandbox)))
-	}()
+	defer l.teardown(rt+"StopPodSandbox", bytesField(1, []byte(sandbox)), rt+"RemovePodSandbox",
+		bytesField(1, []byte(sandbox)))
 	l.call(rt+"PodSandboxStatus", bytesField(1, []byte(sandbox)))
 	req := append(append(bytesField(1, []byte(sandbox)), bytesField(2, p.Container)...), bytesField(3, p.Sandbox)...)
 	start := now()
@@ -245,17 +243,21 @@ func (l *loader) lifecycle(i int, p podTemplate) bool {
 	id := bytesField(1, []byte(container))
 	_, code = l.call(rt+"StartContainer", id)
 	l.call(rt+"ContainerStatus", id)
-	l.retry(rt+"StopContainer", append(bytesField(1, []byte(container)), intField(2, l.spec.StopTimeoutS)...))
-	l.retry(rt+"RemoveContainer", id)
+	l.teardown(rt+"StopContainer", append(bytesField(1, []byte(container)), intField(2, l.spec.StopTimeoutS)...),
+		rt+"RemoveContainer", id)
 	return code == 0
 }
 
-// retry makes a teardown call until it succeeds (or what it removes is gone), as the
-// kubelet's sync loop does, so that a failed call leaves nothing behind.
-func (l *loader) retry(method string, body []byte) {
+// teardown stops, then removes, until the remove succeeds (or what it removes is gone), as
+// the kubelet's sync loop does, so that a failed call leaves nothing behind. Each retry stops
+// again: a StartContainer still finishing in containerd (one a kill cut) makes the first stop
+// a no-op on a container not yet running, and the remove then finds its task running.
+func (l *loader) teardown(stop string, stopBody []byte, remove string, removeBody []byte) {
 	for i := 0; i < 40; i++ {
-		if _, code := l.call(method, body); code == 0 || code == 5 { // OK, NOT_FOUND
-			return
+		if _, code := l.call(stop, stopBody); code == 0 || code == 5 { // OK, NOT_FOUND
+			if _, code = l.call(remove, removeBody); code == 0 || code == 5 {
+				return
+			}
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
