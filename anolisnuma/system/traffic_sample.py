@@ -1,6 +1,7 @@
-"""What a traffic sample is: the types every :class:`TrafficSource` speaks, apart from how a
-source takes its samples (``anolisnuma.system.traffic`` for socket diagnostics), so that
-a source, the observer and the affinity controller share them without importing each other."""
+"""What a traffic sample is: the types every :class:`TrafficSource` speaks, apart from how
+the socket-diagnostics source takes its samples (``anolisnuma.system.traffic``), so that
+another source (``/dev/relationship_ctrl``, the tests' scripted ones) is written against
+these alone."""
 
 from __future__ import annotations
 
