@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1 << 20
@@ -62,18 +62,6 @@ def _rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
-
-
-def _task_names() -> Dict[str, int]:
-    out: Dict[str, int] = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        out[name] = out.get(name, 0) + 1
-    return out
 
 
 def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -121,7 +109,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         out["repin_p50_us"] = statistics.median(lat) * 1e6
     client.close()
     out["rss_mb"] = _rss_mb()
-    out["tasks"] = _task_names()
+    out["tasks"] = _comms("self")
     return out
 
 
@@ -205,7 +193,8 @@ def client_part(trees: Dict[str, str], quick: bool, work: str) -> Dict[str, Any]
     return out
 
 
-def _comms(pid: int) -> Dict[str, int]:
+def _comms(pid: Union[int, str]) -> Dict[str, int]:
+    """Threads of process ``pid`` (or "self") by name."""
     out: Dict[str, int] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:

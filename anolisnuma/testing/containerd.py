@@ -26,7 +26,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Set, Tuple
+from typing import Collection, Dict, Iterable, List, Optional, Set, Tuple
 
 from anolisnuma.state.persist import atomic_write_bytes
 from anolisnuma.testing.images import IMAGES, PAUSE_IMAGE, build_image_archive
@@ -207,6 +207,18 @@ def _init_cpuset(child: str, parent: str) -> None:
             pass
 
 
+def _make_cgroup_dir(child: str, parent: str, ctrls: Collection[str], created: List[str]) -> None:
+    """mkdir the cgroup ``child`` of ``parent`` (added to ``created`` when made now); in a
+    cpuset hierarchy (``ctrls`` has "cpuset") it gets the parent's cpus/mems."""
+    try:
+        os.mkdir(child, 0o755)
+        created.append(child)
+    except FileExistsError:
+        pass
+    if "cpuset" in ctrls:
+        _init_cpuset(child, parent)
+
+
 def make_pod_cgroup(parent: str, cgroup_root: str = CGROUP_ROOT) -> List[str]:
     """Create ``parent`` (e.g. ``/kubepods/burstable/pod<uid>``) in every cgroup v1
     hierarchy, as the kubelet does before RunPodSandbox. New cpuset dirs get their parent's
@@ -217,13 +229,7 @@ def make_pod_cgroup(parent: str, cgroup_root: str = CGROUP_ROOT) -> List[str]:
         cur = mnt
         for p in parts:
             nxt = os.path.join(cur, p)
-            try:
-                os.mkdir(nxt, 0o755)
-                created.append(nxt)
-            except FileExistsError:
-                pass
-            if "cpuset" in ctrls:
-                _init_cpuset(nxt, cur)
+            _make_cgroup_dir(nxt, cur, ctrls, created)
             cur = nxt
     return created
 

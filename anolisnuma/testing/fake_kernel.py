@@ -25,6 +25,7 @@ running as root (writes fail with EROFS, reads work) or with mode 0444 otherwise
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -324,6 +325,10 @@ class FakeKernel:
         fk = cls(tempfile.mkdtemp(prefix="anolisnuma-fake-", dir=shm), **kwargs)  # type: ignore[arg-type]
         fk._owned = True
         return fk
+
+    def paths_table(self) -> Dict[str, str]:
+        """The ``[paths]`` table of a daemon's config that points it at this fake host."""
+        return dataclasses.asdict(self.paths)
 
     # -- pods ---------------------------------------------------------------------------
     def make_pod(self, cgroup_parent: str, tids: Sequence[int] = ()) -> PodCgroup:

@@ -60,7 +60,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Sequence
 
-from anolisnuma.testing.containerd import (CGROUP_ROOT, PrivateContainerd, _alive, _all_pids, _init_cpuset,
+from anolisnuma.testing.containerd import (CGROUP_ROOT, PrivateContainerd, _alive, _all_pids, _make_cgroup_dir,
                                            _rmdir_tree, cgroup_hierarchies)
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.images import BUSYBOX_IMAGE
@@ -277,13 +277,7 @@ class KubeletNode:
         stage = os.path.join(self.base, "cgroup-stage")
         for mnt, ctrls in cgroup_hierarchies(CGROUP_ROOT, include_v2=True):
             sub = os.path.join(mnt, self.cgroup_name)
-            try:
-                os.mkdir(sub, 0o755)
-                created.append(sub)
-            except FileExistsError:
-                pass
-            if "cpuset" in ctrls:
-                _init_cpuset(sub, mnt)
+            _make_cgroup_dir(sub, mnt, ctrls, created)
             tmp = os.path.join(stage, os.path.basename(mnt))
             os.makedirs(tmp, exist_ok=True)
             # The hierarchy's own mount is taken away and the bind moved in its place: one

@@ -180,12 +180,9 @@ class Node:
 
 
 def node_config(base: str, sockdir: str, backend: str, kernel: FakeKernel) -> Dict[str, Any]:
-    paths = kernel.paths
     return config_dict(base, backend, listen=os.path.join(sockdir, "cri.sock"), extra={
         "log": {"stderr": False},
-        "paths": {"cgroup_root": paths.cgroup_root, "resctrl_root": paths.resctrl_root, "sys_root": paths.sys_root,
-                  "proc_root": paths.proc_root, "state_dir": paths.state_dir,
-                  "kubelet_cpu_manager_state": paths.kubelet_cpu_manager_state},
+        "paths": kernel.paths_table(),
         "qos": {"enabled": True, "reconcile_interval_seconds": 1.0},
         "numa": {"enabled": True, "namespaces": ["batch"], "poll_interval_seconds": 0.1,
                  "affinity": {"enabled": True, "interval_seconds": 0.1}},

@@ -1,20 +1,28 @@
 """Helpers of the cluster tests: the control plane handle, a kubelet-like CRI client, a
-daemon on a fake 4-node topology with FakeCri as containerd and ``[kubernetes]`` on, and
-Oenuma manifests."""
+daemon on a fake 4-node topology with FakeCri as containerd and ``[kubernetes]`` on (with a
+whole fake host for the QoS knobs, :func:`fake_host_node`), and Oenuma manifests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import time
+import urllib.request
+import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from anolisnuma.config import Config
 from anolisnuma.testing.fake_cri import FakeCri
+from anolisnuma.testing.fake_kernel import FakeKernel
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
-from anolisnuma.testing.kubelet_client import Kubelet, Pod, sent_cpusets
+from anolisnuma.testing.kubelet_client import PERIOD, Kubelet, Pod, sent_cpusets
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane
 from anolisnuma.testing.proxy import REPO_ROOT, InProcessProxy, config_dict, write_config
+from cri_proto import api_pb2 as pb
 
 DEPLOY = os.path.join(REPO_ROOT, "deploy")
 SA_NAMESPACE = "anolisnuma-system"
@@ -93,6 +101,86 @@ def start_node(base: str, sockdir: str, kubeconfig: str, name: str, **kubernetes
     proxy = InProcessProxy(Config.load(path)).start()
     proxy.wait_resynced()
     return Node(name, proxy, fake, Kubelet(proxy.address), base)
+
+
+@dataclass
+class FakeHostNode:
+    """A daemon on a whole fake host (:class:`FakeKernel`: cgroups with the Anolis QoS knobs,
+    the 4-node topology) with FakeCri as containerd; see :func:`fake_host_node`."""
+
+    name: str
+    proxy: InProcessProxy
+    fake: FakeCri
+    kubelet: Kubelet
+    kernel: FakeKernel
+
+    @property
+    def link(self) -> Any:
+        return self.proxy.daemon.cluster
+
+    def run_pod(self, name: str, annotations: Dict[str, str], millicpu: int = 10) -> Tuple[str, float]:
+        """A pod of one container through the proxy (its cgroup made first, as the
+        kubelet does); (its UID, the seconds the two CRI calls took)."""
+        uid = str(uuid.uuid4())
+        parent = f"/kubepods/burstable/pod{uid}"
+        self.kernel.make_pod(parent)
+        res = pb.LinuxContainerResources(cpu_period=PERIOD, cpu_quota=PERIOD * millicpu // 1000)
+        config = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=name, namespace="batch", uid=uid),
+                                     annotations=annotations,
+                                     linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent, resources=res))
+        t = time.perf_counter()
+        sid = self.kubelet.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config),
+                                pb.RunPodSandboxResponse).pod_sandbox_id
+        self.kubelet.call("CreateContainer", pb.CreateContainerRequest(
+            pod_sandbox_id=sid, sandbox_config=config,
+            config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"),
+                                      linux=pb.LinuxContainerConfig(resources=res))), pb.CreateContainerResponse)
+        return uid, time.perf_counter() - t
+
+    def metrics(self) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
+        """The metrics endpoint's samples, (name, labels) -> value, scraped now."""
+        metrics = self.proxy.daemon.admin.metrics
+        metrics.scrapes.interval = 0.0   # (this scrape, not the last second's)
+        with urllib.request.urlopen(metrics.url, timeout=10) as r:
+            text = r.read().decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@contextlib.contextmanager
+def fake_host_node(base: str, sockdir: str, name: str, **sections: Any) -> Iterator[FakeHostNode]:
+    """A :class:`FakeHostNode` whose config is ``sections`` (e.g. ``qos=``, ``numa=``,
+    ``kubernetes=``) over a quiet log, the fake host's paths and no periodic resync;
+    stopped and removed on exit."""
+    kernel = FakeKernel.temporary(sched_core=0)
+    TOPOLOGY.write(kernel.paths.sys_root)
+    fake = FakeCri(os.path.join(sockdir, "containerd.sock"), containers=0, sandboxes=0).start()
+    data = config_dict(base, fake.socket_path, listen=os.path.join(sockdir, "cri.sock"), extra=dict({
+        "log": {"stderr": False},
+        "paths": kernel.paths_table(),
+        "runtime": {"resync_interval_seconds": 0.0},
+    }, **sections))
+    proxy = InProcessProxy(Config.load(write_config(os.path.join(base, "config.toml"), data))).start()
+    kubelet = Kubelet(proxy.address)
+    try:
+        proxy.wait_resynced()
+        yield FakeHostNode(name, proxy, fake, kubelet, kernel)
+    finally:
+        kubelet.close()
+        proxy.stop()
+        fake.stop(0)
+        kernel.close()
+
+
+def events_about(cluster: Cluster, namespace: str, name: str) -> List[Any]:
+    """The events.k8s.io events of ``namespace`` regarding an object called ``name``."""
+    items = cluster.cp.request("GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events")["items"]
+    return [e for e in items if e["regarding"]["name"] == name]
+
+
+def pod_events(cluster: Cluster, name: str) -> List[Any]:
+    """The events regarding the pod ``name`` of namespace batch."""
+    return [e for e in events_about(cluster, "batch", name) if e["regarding"]["kind"] == "Pod"]
 
 
 def ctl(*args: str) -> Tuple[int, str, str]:

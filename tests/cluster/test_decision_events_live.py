@@ -12,103 +12,30 @@ as fast as before and the events past the queue are dropped and counted, not que
 
 from __future__ import annotations
 
-import os
 import signal
 import statistics
 import time
-import urllib.request
 import uuid
-from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator
 
 import pytest
-from cluster_helpers import TOPOLOGY, Cluster
-from prometheus_client.parser import text_string_to_metric_families
+from cluster_helpers import Cluster, FakeHostNode, fake_host_node, pod_events
 
 from anolisnuma.cluster.events import QUEUE
-from anolisnuma.config import Config
-from anolisnuma.testing.fake_cri import FakeCri
-from anolisnuma.testing.fake_kernel import FakeKernel
-from anolisnuma.testing.kubelet_client import PERIOD, Kubelet
-from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
 from anolisnuma.testing.waiting import wait_until
-from cri_proto import api_pb2 as pb
-
-
-@dataclass
-class QosNode:
-    name: str
-    proxy: InProcessProxy
-    fake: FakeCri
-    kubelet: Kubelet
-    kernel: FakeKernel
-
-    @property
-    def link(self) -> Any:
-        return self.proxy.daemon.cluster
-
-    def run_pod(self, name: str, annotations: Dict[str, str], millicpu: int = 10) -> Tuple[str, float]:
-        """A pod of one container through the proxy (its cgroup made first, as the
-        kubelet does); (its UID, the seconds the two CRI calls took)."""
-        uid = str(uuid.uuid4())
-        parent = f"/kubepods/burstable/pod{uid}"
-        self.kernel.make_pod(parent)
-        res = pb.LinuxContainerResources(cpu_period=PERIOD, cpu_quota=PERIOD * millicpu // 1000)
-        config = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=name, namespace="batch", uid=uid),
-                                     annotations=annotations,
-                                     linux=pb.LinuxPodSandboxConfig(cgroup_parent=parent, resources=res))
-        t = time.perf_counter()
-        sid = self.kubelet.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config),
-                                pb.RunPodSandboxResponse).pod_sandbox_id
-        self.kubelet.call("CreateContainer", pb.CreateContainerRequest(
-            pod_sandbox_id=sid, sandbox_config=config,
-            config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="app"),
-                                      linux=pb.LinuxContainerConfig(resources=res))), pb.CreateContainerResponse)
-        return uid, time.perf_counter() - t
-
-    def metrics(self) -> Dict[Tuple[str, Tuple[Tuple[str, str], ...]], float]:
-        metrics = self.proxy.daemon.admin.metrics
-        metrics.scrapes.interval = 0.0   # (this scrape, not the last second's)
-        with urllib.request.urlopen(metrics.url, timeout=10) as r:
-            text = r.read().decode()
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 @pytest.fixture
-def qnode(cluster: Cluster, tmp_path: Any, sockdir: str) -> Iterator[QosNode]:
+def qnode(cluster: Cluster, tmp_path: Any, sockdir: str) -> Iterator[FakeHostNode]:
     name = f"worker-{uuid.uuid4().hex[:8]}"
-    fk = FakeKernel.temporary(sched_core=0)
-    TOPOLOGY.write(fk.paths.sys_root)
-    fake = FakeCri(os.path.join(sockdir, "containerd.sock"), containers=0, sandboxes=0).start()
-    p = fk.paths
-    data = config_dict(str(tmp_path), fake.socket_path, listen=os.path.join(sockdir, "cri.sock"), extra={
-        "log": {"stderr": False},
-        "paths": {"cgroup_root": p.cgroup_root, "resctrl_root": p.resctrl_root, "sys_root": p.sys_root,
-                  "proc_root": p.proc_root, "state_dir": p.state_dir,
-                  "kubelet_cpu_manager_state": p.kubelet_cpu_manager_state},
-        "runtime": {"resync_interval_seconds": 0.0},
-        "numa": {"enabled": True, "namespaces": ["batch"], "node_name": name, "poll_interval_seconds": 0.1},
-        "qos": {"enabled": True, "reconcile_interval_seconds": 1.0},
-        "kubernetes": {"kubeconfig": cluster.kubeconfig, "request_timeout_seconds": 3.0,
-                       "watch_timeout_seconds": 30.0, "backoff_max_seconds": 1.0},
-        "metrics": {"listen": "127.0.0.1:0"},
-    })
-    proxy = InProcessProxy(Config.load(write_config(os.path.join(str(tmp_path), "config.toml"), data))).start()
-    kubelet = Kubelet(proxy.address)
-    try:
-        proxy.wait_resynced()
-        yield QosNode(name, proxy, fake, kubelet, fk)
-    finally:
-        kubelet.close()
-        proxy.stop()
-        fake.stop(0)
-        fk.close()
-
-
-def pod_events(cluster: Cluster, name: str) -> List[Any]:
-    items = cluster.cp.request("GET", "/apis/events.k8s.io/v1/namespaces/batch/events")["items"]
-    return [e for e in items if e["regarding"]["name"] == name and e["regarding"]["kind"] == "Pod"]
+    with fake_host_node(
+            str(tmp_path), sockdir, name,
+            numa={"enabled": True, "namespaces": ["batch"], "node_name": name, "poll_interval_seconds": 0.1},
+            qos={"enabled": True, "reconcile_interval_seconds": 1.0},
+            kubernetes={"kubeconfig": cluster.kubeconfig, "request_timeout_seconds": 3.0,
+                        "watch_timeout_seconds": 30.0, "backoff_max_seconds": 1.0},
+            metrics={"listen": "127.0.0.1:0"}) as node:
+        yield node
 
 
 def by_reason(cluster: Cluster, name: str, *reasons: str) -> Dict[str, Any]:
@@ -117,7 +44,7 @@ def by_reason(cluster: Cluster, name: str, *reasons: str) -> Dict[str, Any]:
 
 
 def test_a_managed_pod_gets_its_numa_and_qos_events_and_the_link_its_metrics(cluster: Cluster,
-                                                                          qnode: QosNode) -> None:
+                                                                          qnode: FakeHostNode) -> None:
     uid, _ = qnode.run_pod("ev-web", {"anolisbox.sh/qoslevel": "BE"})
     found = wait_until(lambda: by_reason(cluster, "ev-web", "NumaPlaced", "QosApplied"), "the pod's two events")
     placed, qos = found["NumaPlaced"], found["QosApplied"]
@@ -159,7 +86,7 @@ def test_a_managed_pod_gets_its_numa_and_qos_events_and_the_link_its_metrics(clu
 
 
 def test_with_the_api_server_stopped_pods_are_not_slowed_and_events_are_dropped_and_counted(
-        cluster: Cluster, qnode: QosNode) -> None:
+        cluster: Cluster, qnode: FakeHostNode) -> None:
     events = qnode.link.events
     for i in range(5):   # warm
         qnode.run_pod(f"warm-{i}", {"anolisbox.sh/qoslevel": "LS"})

@@ -4,17 +4,11 @@ repeat of the same event counted in its series), the rate limit per object."""
 from __future__ import annotations
 
 import json
-from typing import Any, List
 
-from cluster_helpers import Cluster, Node, oenuma
+from cluster_helpers import Cluster, Node, events_about, oenuma
 
 from anolisnuma.cluster.events import BURST, Event, EventRecorder, oenuma_regarding
 from anolisnuma.testing.waiting import wait_until
-
-
-def events_about(cluster: Cluster, namespace: str, name: str) -> List[Any]:
-    items = cluster.cp.request("GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events")["items"]
-    return [e for e in items if e["regarding"]["name"] == name]
 
 
 def test_a_pod_re_pinned_by_a_cr_gets_an_event(cluster: Cluster, node: Node) -> None:

@@ -145,11 +145,8 @@ def numa_daemon(sockdir: str, kernel: Any, tmp_path: Any) -> Iterator[Any]:
     FakeTopology(name="2x4", node_cpus={0: "0-3", 1: "4-7"}, distances=[[10, 20], [20, 10]],
                  memory_bytes={0: 4 * GIB, 1: 4 * GIB}).write(fk.paths.sys_root)
     fake = FakeCri(os.path.join(sockdir, "containerd.sock"), containers=0, sandboxes=0).start()
-    paths = fk.paths
     data = config_dict(str(tmp_path), fake.socket_path, listen=os.path.join(sockdir, "cri.sock"), extra={
-        "paths": {"cgroup_root": paths.cgroup_root, "resctrl_root": paths.resctrl_root, "sys_root": paths.sys_root,
-                  "proc_root": paths.proc_root, "state_dir": paths.state_dir,
-                  "kubelet_cpu_manager_state": paths.kubelet_cpu_manager_state},
+        "paths": fk.paths_table(),
         "numa": {"enabled": True, "namespaces": ["batch"]},
         "hooks": {"numa": {"failure_policy": "fail", "budget_seconds": 30.0}},
         "admin": {"socket": os.path.join(sockdir, "admin.sock")},
