@@ -50,9 +50,11 @@ class ServerConfig:
     # Past either, new intercepted calls are refused with RESOURCE_EXHAUSTED.
     buffer_bytes_per_connection: int = 32 * MIB
     buffer_bytes_total: int = 64 * MIB
-    # Connections relayed at once (the kubelet keeps one or two), and how long a new one
-    # may take to send the HTTP/2 preface before it is closed.
-    max_connections: int = 128
+    # Connections relayed at once; 0: as many as the open-files limit carries (at most
+    # 16384, transport/connection_cap.py). At the cap the connection idle longest is asked
+    # to go before a new one is refused. And how long a new one may take to send the
+    # HTTP/2 preface before it is closed.
+    max_connections: int = 0
     handshake_timeout_seconds: float = 10.0
 
     @classmethod
@@ -79,7 +81,7 @@ class ServerConfig:
             shutdown_grace_seconds=t.float("shutdown_grace_seconds", cls.shutdown_grace_seconds, min=0, max=600),
             buffer_bytes_per_connection=per_connection,
             buffer_bytes_total=total,
-            max_connections=t.int("max_connections", cls.max_connections, min=1, max=65536),
+            max_connections=t.int("max_connections", cls.max_connections, min=0, max=1 << 20),
             handshake_timeout_seconds=t.float("handshake_timeout_seconds", cls.handshake_timeout_seconds,
                                               min=0.05, max=600),
         )

@@ -29,6 +29,8 @@ from anolisnuma.pipeline.interceptor import HOOK_THREADS, Interceptor
 from anolisnuma.reconcile.resync import RuntimeResync
 from anolisnuma.state.store import Store
 from anolisnuma.system import sd_notify
+from anolisnuma.system.open_files import open_files_soft_limit, raise_open_files_limit
+from anolisnuma.transport.connection_cap import connection_cap
 from anolisnuma.transport.listener import UnixListener
 from anolisnuma.transport.relay import Relay
 from anolisnuma.workers import WorkerPool
@@ -139,12 +141,15 @@ class Daemon:
         self.interceptor = Interceptor(hooks, config.hooks, self.store, self.executor,
                                        max_message_bytes=config.server.max_message_bytes)
         self.interceptor.set_debug(config.log.level == "debug")
+        # As containerd does: every connection costs descriptors, and the runtime behind us
+        # serves as many as its own limit allows.
+        self.open_files = raise_open_files_limit()
         self.relay = Relay(config.runtime.endpoint, self.interceptor,
                            connect_timeout=config.runtime.connect_timeout_seconds,
                            max_message_bytes=config.server.max_message_bytes,
                            budget_per_connection=config.server.buffer_bytes_per_connection,
                            budget_total=config.server.buffer_bytes_total,
-                           max_connections=config.server.max_connections,
+                           max_connections=connection_cap(config.server.max_connections, self.open_files.soft),
                            handshake_timeout=config.server.handshake_timeout_seconds)
         self.listener = UnixListener(config.server.listen, config.server.socket_mode, activation=True)
         self.admin = AdminSurface(self)   # admin socket and metrics endpoint (anolisnuma/admin)
@@ -183,7 +188,9 @@ class Daemon:
                                                **extra)
         log.info("anolisnuma listening", version=__version__, listen=self.listener.path,
                  socket_activation=self.listener.inherited or None,
-                 runtime=self.config.runtime.endpoint, config=self.config.source)
+                 runtime=self.config.runtime.endpoint, config=self.config.source,
+                 max_connections=self.relay.max_connections, open_files_limit=self.open_files.soft)
+        self._warn_connection_limits()
         if self.config.server.socket_mode & 0o007:
             log.warning("server.socket_mode lets every local user in: through this socket they reach "
                         "containerd's root API (0660 keeps it to root and the socket's group)",
@@ -202,6 +209,16 @@ class Daemon:
             sd_notify.notify("STOPPING=1")
             await self._shutdown(server)
         return self.exit_code
+
+    def _warn_connection_limits(self) -> None:
+        limit, configured = self.open_files, self.config.server.max_connections
+        if limit.error:
+            log.warning("cannot raise the open-files limit; connections are capped by it",
+                        soft=limit.soft, hard=limit.hard, error=limit.error, max_connections=self.relay.max_connections)
+        if configured > self.relay.max_connections:
+            log.warning("server.max_connections is more than the open-files limit carries (two descriptors a "
+                        "connection); the lower cap applies", configured=configured,
+                        max_connections=self.relay.max_connections, open_files_limit=limit.soft)
 
     async def _start_hooks(self) -> bool:
         """Build the hooks the configuration enables (unless given); False when one whose
@@ -258,6 +275,8 @@ class Daemon:
         cfg.server.buffer_bytes_per_connection = new.server.buffer_bytes_per_connection
         cfg.server.buffer_bytes_total = new.server.buffer_bytes_total
         self.relay.set_budgets(new.server.buffer_bytes_per_connection, new.server.buffer_bytes_total)
+        cfg.server.max_connections = new.server.max_connections
+        self.relay.set_max_connections(connection_cap(new.server.max_connections, open_files_soft_limit()))
         cfg.runtime.connect_timeout_seconds = self.relay.connect_timeout = new.runtime.connect_timeout_seconds
         if "runtime.resync_interval_seconds" in plan.live:
             interval = cfg.runtime.resync_interval_seconds = new.runtime.resync_interval_seconds

@@ -20,6 +20,7 @@ LIVE_KEYS = (
     "server.shutdown_grace_seconds",
     "server.buffer_bytes_per_connection",
     "server.buffer_bytes_total",
+    "server.max_connections",
     "runtime.connect_timeout_seconds",
     "runtime.resync_interval_seconds",
 )

@@ -18,6 +18,10 @@ Families (all prefixed ``anolisnuma_``):
 ``calls_waiting_for_hooks``, ``ready``,
 ``uptime_seconds``, ``build_info``
 ``relay_connections``                     kubelet connections being relayed
+``relay_connections_limit``               the connection cap (server.max_connections, or
+                                          from the open-files limit); ``relay_events_total``
+                                          counts ``connections_shed_idle`` and
+                                          ``connections_refused_over_cap``
 ``relay_buffer_bytes``,                   bytes the relay holds now, the most it ever
 ``relay_buffer_peak_bytes``,              held, and its daemon-wide and per-connection
 ``relay_buffer_limit_bytes``,             budgets
@@ -142,6 +146,8 @@ class DaemonCollector:
         relay = self.daemon.relay
         budget = relay.budget
         yield GaugeMetricFamily(P + "relay_connections", "kubelet connections being relayed", value=len(relay.splices))
+        yield GaugeMetricFamily(P + "relay_connections_limit", "the connection cap: at it the connection idle "
+                                "longest is closed for a new one", value=relay.max_connections)
         yield GaugeMetricFamily(P + "relay_buffer_bytes", "bytes the relay buffers now", value=budget.used)
         yield GaugeMetricFamily(P + "relay_buffer_peak_bytes", "the most bytes the relay ever buffered",
                                 value=budget.peak)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
 
 from anolisnuma import __version__
 from anolisnuma.state.records import ContainerRecord, PodRecord
+from anolisnuma.system.open_files import open_files_soft_limit
 from anolisnuma.workers import WorkerPool, census
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,6 +94,10 @@ def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]
         "knobs": knobs,
         "relay": {
             "connections": len(relay.splices),
+            "max_connections": relay.max_connections,
+            "idle_connections": relay.cap.idle_count(),
+            "connections_being_shed": relay.cap.shedding,
+            "open_files_limit": open_files_soft_limit(),
             "buffer_bytes": relay.budget.used,
             "buffer_peak_bytes": relay.budget.peak,
             "buffer_limit_bytes": relay.budget.limit,

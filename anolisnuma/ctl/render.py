@@ -77,7 +77,8 @@ def status(r: Dict[str, Any]) -> str:
         ("containerd", containerd),
         ("admin socket", r.get("admin_socket")),
         ("metrics", r.get("metrics_url") or "off"),
-        ("relay", f"{_plural(relay.get('connections', 0), 'connection')}; buffers {human_bytes(relay.get('buffer_bytes'))} "
+        ("relay", f"{_plural(relay.get('connections', 0), 'connection')} (cap {relay.get('max_connections', '?')}, "
+                  f"open files {relay.get('open_files_limit', '?')}); buffers {human_bytes(relay.get('buffer_bytes'))} "
                   f"of {human_bytes(relay.get('buffer_limit_bytes'))} (peak {human_bytes(relay.get('buffer_peak_bytes'))}, "
                   f"{human_bytes(relay.get('buffer_per_connection_limit_bytes'))} per connection)"),
         ("relay events", _counts(relay.get("counters") or {})),

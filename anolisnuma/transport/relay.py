@@ -20,6 +20,7 @@ from anolisnuma.system.heap import trim_heap
 from anolisnuma.transport import h2
 from anolisnuma.transport.budget import MemoryBudget
 from anolisnuma.transport.conn import Conn, ReadBuffer
+from anolisnuma.transport.connection_cap import ConnectionCap
 from anolisnuma.transport.splice import Splice
 
 log = structlog.get_logger("anolisnuma.transport")
@@ -32,6 +33,10 @@ TRIM_DELAY_SECONDS = 1.0
 # At shutdown, how long a connection without the client's HTTP/2 preface is waited for (a
 # kubelet sends it as it connects).
 PREFACE_WAIT_SECONDS = 1.0
+# An idle connection asked to go (the connection cap was reached) is closed once it drained
+# (the client's PING answer and no call open: milliseconds), or after this long regardless.
+SHED_CLOSE_SECONDS = 5.0
+SHED_REASON = b"idle connection closed: anolisnuma's connection cap was reached"
 
 
 class Relay:
@@ -48,8 +53,9 @@ class Relay:
         self.interceptor = interceptor
         self.connect_timeout = connect_timeout
         # Each connection costs a containerd connection and two descriptors: a client that
-        # opens them without end, or opens them and never speaks, is bounded by these.
-        self.max_connections = max_connections
+        # opens them without end is bounded by the cap (idle ones give way to new ones, see
+        # connection_cap.py), one that opens them and never speaks by the handshake timeout.
+        self.cap: ConnectionCap[Splice] = ConnectionCap(max_connections)
         self.handshake_timeout = handshake_timeout
         self.max_message_bytes = max_message_bytes
         self.budget_per_connection = budget_per_connection
@@ -62,7 +68,10 @@ class Relay:
         self._unreachable = EventSummary(
             log, "containerd unreachable; kubelet connection closed (calls fail UNAVAILABLE)", 5.0)
         self._faults = EventSummary(log, "kubelet connection ended: the relay cannot follow it", level="error")
-        self._over_cap = EventSummary(log, "kubelet connection refused: server.max_connections are open")
+        self._over_cap = EventSummary(log, "kubelet connection refused: the connection cap is reached and "
+                                           "every connection has a call open")
+        self._shed = EventSummary(log, "idle kubelet connection closed to make room: the connection cap is "
+                                       "reached (the client reconnects for its next call)")
         self._silent = EventSummary(log, "kubelet connection closed: no HTTP/2 preface within "
                                          "server.handshake_timeout_seconds")
 
@@ -76,19 +85,64 @@ class Relay:
     def protocol(self) -> asyncio.Protocol:
         return _Accepted(self)
 
-    def has_room(self) -> bool:
-        """Whether a new connection may be taken (False: counted and logged)."""
-        if len(self.splices) < self.max_connections:
+    @property
+    def max_connections(self) -> int:
+        return self.cap.limit
+
+    def set_max_connections(self, limit: int) -> None:
+        """A new cap (a reload); connections over it are not closed, new ones see it."""
+        self.cap.limit = limit
+
+    def admit(self) -> bool:
+        """Whether a new connection may be taken: below the cap, or once the connection
+        idle longest was asked to go (connection_cap.py). False (counted and logged):
+        every connection has a call open."""
+        cap = self.cap
+        if cap.has_room(len(self.splices)):
             return True
-        self.counters.add("connections_refused_over_cap")
-        self._over_cap.note("over cap", connections=len(self.splices), max_connections=self.max_connections)
-        return False
+        if cap.idle_count() and not cap.may_shed():
+            # Too many goodbyes under way (their clients do not answer): the oldest one
+            # without a call is closed now, so descriptors stay within the reserve.
+            stale = cap.oldest_shed(lambda s: not s.busy)
+            if stale is not None:
+                self.counters.add("connections_shed_cut_short")
+                stale.close("idle connection shed: its goodbye was cut short (connection cap)")
+        idlest = cap.take_idlest() if cap.may_shed() else None
+        if idlest is None:
+            self.counters.add("connections_refused_over_cap")
+            self._over_cap.note("over cap", connections=len(self.splices), max_connections=cap.limit,
+                                being_closed=cap.shedding)
+            return False
+        self._shed_idle(idlest)
+        return True
+
+    def _shed_idle(self, splice: Splice) -> None:
+        """The graceful goodbye to an idle connection, closed once it drained. A connection
+        that has not spoken HTTP/2 yet carries no call and is closed at once."""
+        self.counters.add("connections_shed_idle")
+        self._shed.note("shed", conn=splice.cid, connections=len(self.splices), max_connections=self.cap.limit)
+        if not splice.greeted:
+            splice.close("idle connection shed: no HTTP/2 preface yet")
+            return
+        splice.announce_shutdown(SHED_REASON)
+        self._spawn(self._close_when_drained(splice))
+
+    async def _close_when_drained(self, splice: Splice) -> None:
+        try:
+            await asyncio.wait_for(splice.wait_drained(), SHED_CLOSE_SECONDS)
+        except asyncio.TimeoutError:
+            pass
+        splice.close("idle connection shed: the connection cap was reached")
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def adopt(self, splice: Splice) -> None:
         self.splices.add(splice)
-        task = asyncio.ensure_future(self._connect(splice))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.cap.idle(splice)
+        self._spawn(self._connect(splice))
         asyncio.get_running_loop().call_later(self.handshake_timeout, self._end_if_silent, splice)
 
     def _end_if_silent(self, splice: Splice) -> None:
@@ -100,6 +154,14 @@ class Relay:
 
     def forget(self, splice: Splice) -> None:
         self.splices.discard(splice)
+        self.cap.gone(splice)
+
+    def connection_busy(self, splice: Splice) -> None:
+        self.cap.busy(splice)
+
+    def connection_idle(self, splice: Splice) -> None:
+        if not splice.draining:
+            self.cap.idle(splice)
 
     # ---------------------------------------------------------------- what splices report
     def call_refused(self, splice: Splice, call: Any, message: str) -> None:
@@ -167,7 +229,7 @@ class Relay:
             log.info("event watches end with their connections; the client opens them again", watches=watches)
         for s in list(self.splices):
             s.close("proxy shutting down")
-        for summary in (self._unreachable, self._faults, self._over_cap, self._silent):
+        for summary in (self._unreachable, self._faults, self._over_cap, self._shed, self._silent):
             summary.flush()
         return cut
 
@@ -192,7 +254,7 @@ class _Accepted(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.pause_reading()  # type: ignore[attr-defined]
-        if not self.relay.has_room():
+        if not self.relay.admit():
             transport.abort()
             return
         try:

@@ -43,7 +43,7 @@ _conn_ids = itertools.count(1)
 class SpliceOwner(Protocol):
     """What a splice needs of whoever accepted its connection (the relay; a test's harness):
     the interceptor and limits it runs with, the shared budget its own is drawn from, and
-    three reports. Defined here, on the splice's side, so that the splice can be read and
+    its reports. Defined here, on the splice's side, so that the splice can be read and
     tested without the relay, which imports the splice and is never imported back."""
 
     interceptor: Any             # the pipeline (anolisnuma.pipeline.interceptor.Interceptor)
@@ -59,6 +59,12 @@ class SpliceOwner(Protocol):
 
     def call_refused(self, splice: "Splice", call: Any, message: str) -> None:
         """The splice answered ``call`` RESOURCE_EXHAUSTED (a budget was spent)."""
+
+    def connection_busy(self, splice: "Splice") -> None:
+        """The connection's first call opened (it had none open)."""
+
+    def connection_idle(self, splice: "Splice") -> None:
+        """The connection's last open call ended."""
 
 
 class Splice(KubeletFrames, ContainerdFrames, InterceptedCalls, FlowControl, Goodbye, FramePump):
@@ -86,6 +92,7 @@ class Splice(KubeletFrames, ContainerdFrames, InterceptedCalls, FlowControl, Goo
         self.goaway_sid: Optional[int] = None   # set when we told the kubelet to go away
         self.draining = False                   # shutdown: the goodbye is wanted (see announce_shutdown)
         self.goodbye = 0                        # 1: first GOAWAY and PING sent; 2: last GOAWAY sent
+        self.goodbye_reason = b""               # the GOAWAYs' debug data: why we asked it to go
         self.settled = False                    # containerd's SETTINGS reached the kubelet
         self.refused: "OrderedDict[int, None]" = OrderedDict()  # whose DATA we drop
         self.silenced: "OrderedDict[int, None]" = OrderedDict()  # answered by us: containerd's frames dropped
@@ -147,6 +154,13 @@ class Splice(KubeletFrames, ContainerdFrames, InterceptedCalls, FlowControl, Goo
         self.budget.release_all()
         self._wake_idle()
         self.owner.forget(self)
+
+    def _call_ended(self) -> None:
+        """A call's stream ended or was reset: with none left open the connection is idle
+        (its owner may shed it), and a drain may be over."""
+        if not self.open_streams and not self.closed:
+            self.owner.connection_idle(self)
+        self._wake_idle()
 
     def fail(self, code: int, why: str) -> None:
         """End the connection because it cannot be followed: GOAWAY to the kubelet (when

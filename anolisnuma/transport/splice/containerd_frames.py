@@ -127,7 +127,7 @@ class ContainerdFrames:
             self.open_streams.pop(sid, None)
             if st is not None:
                 self._finish(st, aborted="reset by containerd")
-            self._wake_idle()
+            self._call_ended()
             return
         self._send_down(raw)
 
@@ -173,7 +173,7 @@ class ContainerdFrames:
             st.held = []
             st.outbox = None
             self._finish(st)
-        self._wake_idle()
+        self._call_ended()
 
     def _reply_headers(self, sid: int, headers: list) -> None:
         st = self.streams.get(sid)

@@ -1,4 +1,5 @@
-"""The graceful goodbye at shutdown: two GOAWAYs with a PING between, then the drain.
+"""The graceful goodbye (at shutdown, or to shed an idle connection): two GOAWAYs with a
+PING between, then the drain.
 
 Why two: a GOAWAY carries the last stream id the server will serve, and one sent with the
 last id seen may cross a call the kubelet is opening, which it would then have to retry.
@@ -28,22 +29,23 @@ class Goodbye:
     """Shutdown of :class:`~anolisnuma.transport.splice.Splice` (a part of it: the state is
     the splice's, see ``Splice.__init__``)."""
 
-    def announce_shutdown(self) -> None:
+    def announce_shutdown(self, reason: bytes = b"anolisnuma restarting") -> None:
         """The graceful goodbye of HTTP/2 (RFC 9113 section 6.8): a GOAWAY with the highest
         stream id and a PING; once the PING's ACK shows the kubelet read that GOAWAY (it opens
         no stream here after it), a second GOAWAY with the last stream id it really opened.
         Calls that raced the first GOAWAY are served, not refused; the open ones finish; the
         kubelet's next call goes on a new connection. A connection still in its handshake
         is told once both prefaces have passed (a GOAWAY before the server's SETTINGS would
-        be a protocol error)."""
+        be a protocol error). ``reason`` goes in the GOAWAYs' debug data."""
         self.draining = True
+        self.goodbye_reason = reason
         self._first_goaway(flush=True)
 
     def _first_goaway(self, flush: bool) -> None:
         if self.closed or self.goodbye or self.k2c.need_preface or not self.settled:
             return
         self.goodbye = 1
-        self._inject_down(h2.goaway(MAX_STREAM_ID, h2.NO_ERROR, b"anolisnuma restarting"))
+        self._inject_down(h2.goaway(MAX_STREAM_ID, h2.NO_ERROR, self.goodbye_reason))
         self._inject_down(h2.frame(h2.PING, 0, 0, DRAIN_PING))
         if flush:
             self._flush()
@@ -54,7 +56,7 @@ class Goodbye:
             return
         self.goodbye = 2
         self.goaway_sid = self.max_sid
-        self._inject_down(h2.goaway(self.max_sid, h2.NO_ERROR, b"anolisnuma restarting"))
+        self._inject_down(h2.goaway(self.max_sid, h2.NO_ERROR, self.goodbye_reason))
         if flush:
             self._flush()
         self._wake_idle()

@@ -163,7 +163,7 @@ class InterceptedCalls:
         # kubelet's stream is over, so they are dropped (see _c2k_frame)
         remember(self.silenced, st.sid)
         self.open_streams.pop(st.sid, None)
-        self._wake_idle()
+        self._call_ended()
 
     def _finish(self, st: InterceptedStream, aborted: str = "") -> None:
         if st.done:

@@ -126,7 +126,7 @@ class KubeletFrames:
             st = self.streams.get(sid)
             if st is not None:
                 self._finish(st, aborted="cancelled by the kubelet")
-            self._wake_idle()
+            self._call_ended()
 
     def _k2c_data(self, flags: int, sid: int, payload: bytes, raw: bytes) -> None:
         flow = len(payload)
@@ -183,6 +183,8 @@ class KubeletFrames:
             self._inject_down(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
         path = headers.path
+        if not self.open_streams:
+            self.owner.connection_busy(self)
         self.open_streams[sid] = path
         if end_stream:
             return  # no request body will follow: nothing to intercept
