@@ -29,6 +29,7 @@ import time
 from typing import Collection, Dict, Iterable, List, Optional, Set, Tuple
 
 from anolisnuma.state.persist import atomic_write_bytes
+from anolisnuma.testing.containerd_builds import DEBIAN, ContainerdBuild
 from anolisnuma.testing.images import IMAGES, PAUSE_IMAGE, build_image_archive
 
 __all__ = ["PrivateContainerd", "PrivateContainerdError", "ensure_private_containerd",
@@ -347,16 +348,17 @@ class PrivateContainerd:
     nothing is started until ``start()``."""
 
     def __init__(self, base_dir: str, run_dir: str, cni: bool = False,
-                 snapshotter: str = "overlayfs", containerd_bin: str = "containerd",
-                 ctr_bin: str = "ctr", runc_bin: str = "runc",
+                 snapshotter: str = "overlayfs", containerd_bin: Optional[str] = None,
+                 ctr_bin: Optional[str] = None, runc_bin: str = "runc",
                  image_cache: Optional[str] = None, start_timeout: float = 30.0,
-                 cgroup_root: str = CGROUP_ROOT) -> None:
+                 cgroup_root: str = CGROUP_ROOT, build: ContainerdBuild = DEBIAN) -> None:
         self.base_dir = os.path.abspath(base_dir)
         self.run_dir = os.path.abspath(run_dir)
         self.cni = cni
         self.snapshotter = snapshotter
-        self.containerd_bin = shutil.which(containerd_bin) or containerd_bin
-        self.ctr_bin = shutil.which(ctr_bin) or ctr_bin
+        self.build = build   # which containerd (containerd_builds.py): Debian's 1.6 unless told
+        self.containerd_bin = containerd_bin or build.containerd
+        self.ctr_bin = ctr_bin or build.ctr
         self.runc_bin = shutil.which(runc_bin, path="/usr/sbin:/usr/bin:/sbin:/bin") or runc_bin
         self.image_cache = image_cache
         self.start_timeout = start_timeout
@@ -382,6 +384,11 @@ class PrivateContainerd:
     @property
     def pidfile(self) -> str:
         return os.path.join(self.base_dir, "containerd.pid")
+
+    @property
+    def nri_socket(self) -> str:
+        """Where containerd 2.x serves NRI (1.6 has none)."""
+        return os.path.join(self.run_dir, "nri.sock")
 
     @property
     def runc_root(self) -> str:
@@ -517,6 +524,19 @@ class PrivateContainerd:
             f"      config_path = {_q(os.path.join(self.base_dir, 'certs.d'))}",
             "",
         ]
+        if self.build.major >= 2:
+            # containerd 2.x serves NRI by default on /var/run/nri/nri.sock, which a second
+            # instance (or the node's own containerd) would fight over: ours is private.
+            lines += [
+                '  [plugins."io.containerd.nri.v1.nri"]',
+                "    disable = false",
+                f"    socket_path = {_q(self.nri_socket)}",
+                f"    plugin_path = {_q(os.path.join(self.base_dir, 'nri', 'plugins'))}",
+                f"    plugin_config_path = {_q(os.path.join(self.base_dir, 'nri', 'conf.d'))}",
+                '    plugin_registration_timeout = "5s"',
+                '    plugin_request_timeout = "2s"',
+                "",
+            ]
         _atomic_write(self.config_path, "\n".join(lines))
         conflist = os.path.join(self.cni_conf_dir, "10-anolisnuma.conflist")
         if self.cni:
@@ -606,7 +626,8 @@ class PrivateContainerd:
             # Temporary mounts (image unpack, volume copy) land under our base dir, where
             # cleanup finds them.
             env["TMPDIR"] = os.path.join(self.base_dir, "tmp")
-            env["PATH"] = env.get("PATH", "") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+            env["PATH"] = self.build.path_env(
+                env.get("PATH", "") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             t0 = time.monotonic()
             with open(self.log_path, "ab") as log:
                 log.write(f"==== start {time.strftime('%Y-%m-%dT%H:%M:%S')} ====\n".encode())
@@ -907,9 +928,9 @@ def ensure_private_containerd(base_dir: str, run_dir: str, cni: bool = False,
 
 def cleanup_dead_instances(base_prefix: str, run_prefix: str) -> List[str]:
     """Clean up instances left by crashed runs: dirs named ``<base_prefix><pid>`` /
-    ``<run_prefix><pid>`` whose owner ``pid`` is no longer alive. Returns the base dirs
-    it cleaned."""
-    owners: Set[int] = set()
+    ``<run_prefix><pid>`` (or ``<pid>-<suffix>``, one instance per containerd build) whose
+    owner ``pid`` is no longer alive. Returns the base dirs it cleaned."""
+    found: Dict[str, int] = {}   # the name's tail after the prefix -> owner pid
     for prefix in (base_prefix, run_prefix):
         parent, stem = os.path.split(prefix)
         try:
@@ -917,13 +938,14 @@ def cleanup_dead_instances(base_prefix: str, run_prefix: str) -> List[str]:
         except OSError:
             continue
         for name in names:
-            if name.startswith(stem) and name[len(stem):].isdigit():
-                owners.add(int(name[len(stem):]))
+            m = re.fullmatch(r"(\d+)(-[A-Za-z0-9]+)?", name[len(stem):]) if name.startswith(stem) else None
+            if m:
+                found[name[len(stem):]] = int(m.group(1))
     cleaned = []
-    for owner in sorted(owners):
+    for tail, owner in sorted(found.items()):
         if owner == os.getpid() or _alive(owner):
             continue
-        base = f"{base_prefix}{owner}"
-        PrivateContainerd(base, f"{run_prefix}{owner}").cleanup()
+        base = f"{base_prefix}{tail}"
+        PrivateContainerd(base, f"{run_prefix}{tail}").cleanup()
         cleaned.append(base)
     return cleaned

@@ -62,6 +62,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from anolisnuma.testing.containerd import (CGROUP_ROOT, PrivateContainerd, _alive, _all_pids, _make_cgroup_dir,
                                            _rmdir_tree, cgroup_hierarchies)
+from anolisnuma.testing.containerd_builds import DEBIAN, ContainerdBuild
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.images import BUSYBOX_IMAGE
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane, k8s_dir
@@ -159,7 +160,8 @@ class KubeletNode:
     def __init__(self, cp: PrivateControlPlane, base_dir: str, *, node_name: Optional[str] = None,
                  cpu_manager_static: bool = False, reserved_cpus: str = "0", numa: bool = False,
                  numa_namespaces: Sequence[str] = (), respread: Optional[Dict[str, Any]] = None,
-                 tree: str = REPO_ROOT, run_dir: Optional[str] = None, via_daemon: bool = True) -> None:
+                 tree: str = REPO_ROOT, run_dir: Optional[str] = None, via_daemon: bool = True,
+                 build: ContainerdBuild = DEBIAN) -> None:
         self.cp = cp
         self.base = os.path.abspath(base_dir)
         self.name = node_name or f"an-node-{uuid.uuid4().hex[:8]}"
@@ -177,7 +179,7 @@ class KubeletNode:
         self.holder: Optional[subprocess.Popen] = None
         self.ns_id: Optional[str] = None
         self.containerd = PrivateContainerd(os.path.join(self.base, "containerd"), self.run_dir,
-                                            containerd_bin=os.path.join(self.base, "bin", "containerd"))
+                                            containerd_bin=os.path.join(self.base, "bin", "containerd"), build=build)
         self.supervisor: Optional[SocketSupervisor] = None
         self.kubelet: Optional[subprocess.Popen] = None
         self._kubelet_log: Optional[Any] = None
@@ -299,7 +301,7 @@ class KubeletNode:
     def _start_containerd(self) -> None:
         wrapper = self.containerd.containerd_bin
         os.makedirs(os.path.dirname(wrapper), exist_ok=True)
-        real = shutil.which("containerd") or "/usr/bin/containerd"
+        real = self.containerd.build.containerd
         assert self.holder is not None
         with open(wrapper, "w") as f:
             # exec: containerd keeps the pid (nsenter --mount does not fork) and its own argv[0]
@@ -397,6 +399,10 @@ class KubeletNode:
         """Stop and remove everything (see the module docstring); returns what could not be removed."""
         problems: List[str] = []
         self.stop_kubelet()
+        # The node's pods leave the API server with it (no controller manager here would):
+        # the next node of the session may run pods of the same names.
+        self.cp.kubectl("delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={self.name}",
+                        "--force", "--grace-period=0", "--wait=false", "--ignore-not-found", check=False, timeout=20)
         self.cp.kubectl("delete", "node", self.name, "--wait=false", "--ignore-not-found", check=False, timeout=20)
         if self.supervisor is not None:
             self.supervisor.close()

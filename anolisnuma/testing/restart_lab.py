@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -53,6 +54,7 @@ class RestartLab:
         self.state_dir = self.data["paths"]["state_dir"]
         self.log_path = self.data["log"]["file"]
         self.parents: List[str] = []
+        self.orphaned_tasks: List[str] = []   # runc containers containerd had lost (see _remove_orphans)
         self.supervisor = SocketSupervisor(self.socket, self.argv(), env=self.env(tree),
                                            log_path=os.path.join(base, "daemon.out"))
 
@@ -111,10 +113,49 @@ class RestartLab:
                 error = self._stop_and_remove(rt, pb, p.id)
                 if error is not None:
                     problems.append(f"pod {p.metadata.name}: {error.code().name} {error.details()}")
+            problems += self._remove_orphans(rt, pb)
+            self.orphaned_tasks += self._kill_lost_tasks(rt, pb)
         for parent in self.parents:
             left = self.containerd.remove_pod_cgroup(parent)
-            problems += [f"cgroup left: {d}" for d in left]
+            problems += [f"cgroup left: {d} (tasks: {_tasks(d)})" for d in left]
         self.parents = []
+        return problems
+
+    def _kill_lost_tasks(self, rt: Any, pb: Any) -> List[str]:
+        """Containers runc still has that containerd no longer knows, killed and deleted;
+        their ids. containerd 2.x makes one when the StartContainer it is running is
+        cancelled (its client's connection closed: a kill -9 of the daemon) after ``runc
+        create``: its ``runc init`` waits in the pod's cgroup, and no CRI call can reach it."""
+        known = {c.id for c in rt.ListContainers(pb.ListContainersRequest(), timeout=30).containers}
+        known |= {p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items}
+        root = os.path.join(self.containerd.runc_root, "k8s.io")
+        runc = [self.containerd.runc_bin, "--root", root]
+        listed = subprocess.run(runc + ["list", "-q"], capture_output=True, text=True, timeout=20).stdout.split()
+        lost = [cid for cid in listed if cid not in known]
+        for cid in lost:
+            for args in (["kill", "--all", cid, "KILL"], ["delete", "--force", cid]):
+                subprocess.run(runc + args, capture_output=True, timeout=20)
+        return lost
+
+    @staticmethod
+    def _remove_orphans(rt: Any, pb: Any) -> List[str]:
+        """Containers whose pod is gone, removed as the kubelet's garbage collector does. A
+        CreateContainer that a kill -9 cut may still be running in containerd 2.x when its
+        pod is removed: the container it then makes belongs to no pod (its ``runc init``
+        waits in the pod's cgroup)."""
+        import grpc
+
+        sandboxes = {p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items}
+        problems = []
+        for c in rt.ListContainers(pb.ListContainersRequest(), timeout=30).containers:
+            if c.pod_sandbox_id in sandboxes:
+                continue
+            try:
+                rt.StopContainer(pb.StopContainerRequest(container_id=c.id, timeout=0), timeout=60)
+                rt.RemoveContainer(pb.RemoveContainerRequest(container_id=c.id), timeout=60)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.NOT_FOUND:
+                    problems.append(f"container {c.id[:12]} of no pod: {e.code().name} {e.details()}")
         return problems
 
     @staticmethod
@@ -271,3 +312,21 @@ def stream_report(records: List[Dict[str, Any]], stream: str = "events", referen
             "events": len(got),
             "reference_events": sum(1 for r in records if r["kind"] == "event" and r.get("stream") == reference),
             "lost": lost}
+
+
+def _tasks(cgroup_dir: str) -> str:
+    """The pids in a cgroup and their command lines, for a leftover's report."""
+    try:
+        with open(os.path.join(cgroup_dir, "tasks")) as f:
+            pids = f.read().split()
+    except OSError as e:
+        return f"unreadable: {e.strerror}"
+    out = []
+    for pid in pids[:5]:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            out.append(f"{pid} {argv}")
+        except OSError:
+            out.append(pid)
+    return "; ".join(out) or "none"

@@ -5,9 +5,14 @@ it: not root, no ``containerd``/``runc``/``ctr`` binary, no static busybox, or t
 (``cri_api``, Python >= 3.10) are missing.
 
 Fixtures:
-  ``containerd``      session: a started ``PrivateContainerd`` (CNI bridge on, test images
-                      imported) under /tmp/anolisnuma-e2e-<pid> and /run/anolisnuma-e2e-<pid>;
+  ``containerd``      session, once per containerd build (``[1.6]``: Debian's, ``[2.2]``: the
+                      v2.2.7 of ../shared; anolisnuma/testing/containerd_builds.py): a started
+                      ``PrivateContainerd`` (CNI bridge on, test images imported) under
+                      /tmp/anolisnuma-e2e-<pid>-<build> and /run/anolisnuma-e2e-<pid>-<build>;
                       everything it created is removed at session end, even after failures.
+                      A module that checks the proxy rather than the runtime (floods, large
+                      messages, soaks) sets ``CONTAINERD_BUILDS = ("1.6",)`` and runs on that
+                      build only; every other test runs on each build.
   ``kubelet_direct``  function: a ``KubeletLike`` on containerd's own socket; the pods and
                       containers it created are removed after the test.
 """
@@ -27,6 +32,7 @@ if HERE not in sys.path:  # so test modules can `from cri_client import ...`
     sys.path.insert(0, HERE)
 
 from anolisnuma.testing.containerd import PrivateContainerd, cleanup_dead_instances  # noqa: E402
+from anolisnuma.testing.containerd_builds import build_named, builds_for_tests  # noqa: E402
 
 BASE_PREFIX = "/tmp/anolisnuma-e2e-"
 RUN_PREFIX = "/run/anolisnuma-e2e-"
@@ -34,12 +40,17 @@ RUN_PREFIX = "/run/anolisnuma-e2e-"
 LAST_LOG = "/tmp/anolisnuma-e2e-last-containerd.log"
 
 
+BUILDS = builds_for_tests()
+
+
 def _skip_reason() -> Optional[str]:
     if os.geteuid() != 0:
         return "end-to-end tests need root (containerd, cgroups, mounts)"
-    for binary in ("containerd", "ctr", "containerd-shim-runc-v2"):
-        if shutil.which(binary) is None:
-            return f"{binary} not found: run scripts/install-deps.sh"
+    if not BUILDS:
+        return "no containerd found: run scripts/install-deps.sh"
+    for build in BUILDS:
+        if build.missing():
+            return f"{build.missing()} (ANOLISNUMA_CONTAINERDS picks the builds to run)"
     if shutil.which("runc", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
         return "runc not found: run scripts/install-deps.sh"
     if not os.path.exists("/bin/busybox"):
@@ -74,19 +85,30 @@ def pytest_configure(config):  # type: ignore[no-untyped-def]
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
-    """Mark every test of this directory ``containerd`` (``-m "not containerd"`` skips them)."""
+    """Mark every test of this directory ``containerd`` (``-m "not containerd"`` skips them),
+    and leave out the runs on builds a module does not take (``CONTAINERD_BUILDS``)."""
+    kept, dropped = [], []
     for item in items:
-        if str(item.path).startswith(HERE + os.sep):
-            item.add_marker(pytest.mark.containerd)
+        if not str(item.path).startswith(HERE + os.sep):
+            kept.append(item)
+            continue
+        item.add_marker(pytest.mark.containerd)
+        build = getattr(getattr(item, "callspec", None), "params", {}).get("containerd")
+        wanted = getattr(item.module, "CONTAINERD_BUILDS", None)
+        (dropped if build is not None and wanted is not None and build not in wanted else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
-@pytest.fixture(scope="session")
-def containerd() -> Iterator[PrivateContainerd]:
-    """A running private containerd (CNI on, images imported). ``.cold_start_s`` holds the
-    seconds it took from nothing to images imported."""
+@pytest.fixture(scope="session", params=[b.name for b in BUILDS] or ["1.6"])
+def containerd(request) -> Iterator[PrivateContainerd]:  # type: ignore[no-untyped-def]
+    """A running private containerd of one build (CNI on, images imported).
+    ``.cold_start_s`` holds the seconds it took from nothing to images imported."""
     cleanup_dead_instances(BASE_PREFIX, RUN_PREFIX)  # leftovers of crashed sessions
-    pid = os.getpid()
-    pc = PrivateContainerd(f"{BASE_PREFIX}{pid}", f"{RUN_PREFIX}{pid}", cni=True)
+    build = build_named(request.param)
+    where = f"{os.getpid()}-{build.name.replace('.', '')}"
+    pc = PrivateContainerd(f"{BASE_PREFIX}{where}", f"{RUN_PREFIX}{where}", cni=True, build=build)
     try:
         t0 = time.monotonic()
         pc.start()
@@ -94,7 +116,7 @@ def containerd() -> Iterator[PrivateContainerd]:
         pc.cold_start_s = time.monotonic() - t0  # type: ignore[attr-defined]
         yield pc
     finally:
-        problems = pc.cleanup(save_log=LAST_LOG)
+        problems = pc.cleanup(save_log=LAST_LOG.replace(".log", f"-{build.name}.log"))
         if problems:
             print(f"\nprivate containerd cleanup problems: {problems}", file=sys.stderr)
 

@@ -1,5 +1,7 @@
 """The real kubelet v1.26 of ../shared/k8s on a private node (anolisnuma/testing/kubelet_node.py):
-one private control plane (etcd + kube-apiserver) for the session, a node per test.
+one private control plane (etcd + kube-apiserver) for the session, a node per test, each test
+once per containerd build (Debian's 1.6 and 2.2: anolisnuma/testing/containerd_builds.py;
+test ids ``[1.6]``, ``[2.2]``).
 
 Skipped, saying why, where the Kubernetes binaries, etcd, openssl, containerd, unshare/nsenter
 or root are absent.
@@ -15,6 +17,7 @@ import pytest
 
 from anolisnuma.testing import kube_apiserver
 from anolisnuma.testing import kubelet_node
+from anolisnuma.testing.containerd_builds import build_named, builds_for_tests
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane
 from anolisnuma.testing.kubelet_node import BASE_PREFIX, KubeletNode
 
@@ -34,14 +37,25 @@ def control_plane() -> Iterator[PrivateControlPlane]:
         cp.close()
 
 
+@pytest.fixture(params=[b.name for b in builds_for_tests()] or ["1.6"])
+def containerd_build(request: Any) -> Any:
+    build = build_named(request.param)
+    if build.missing():
+        pytest.skip(build.missing())
+    return build
+
+
 @pytest.fixture
-def make_node(control_plane: PrivateControlPlane, request: Any) -> Iterator[Callable[..., KubeletNode]]:
-    """``make_node(**KubeletNode options)``: a started node, closed after the test (its
-    kubelet and daemon logs kept in /tmp/anolisnuma-kubelet-last.* when the test failed, or
-    always with ANOLISNUMA_KEEP_KUBELET_LOGS=1)."""
+def make_node(control_plane: PrivateControlPlane, containerd_build: Any,
+              request: Any) -> Iterator[Callable[..., KubeletNode]]:
+    """``make_node(**KubeletNode options)``: a started node on this test's containerd build,
+    closed after the test (its kubelet and daemon logs kept in
+    /tmp/anolisnuma-kubelet-last.* when the test failed, or always with
+    ANOLISNUMA_KEEP_KUBELET_LOGS=1)."""
     made: List[KubeletNode] = []
 
     def make(**kw: Any) -> KubeletNode:
+        kw.setdefault("build", containerd_build)
         node = KubeletNode(control_plane, f"{BASE_PREFIX}{os.getpid()}-{len(made)}", **kw)
         made.append(node)
         return node.start()

@@ -1,21 +1,23 @@
 """Restart tests: the daemon under a socket supervisor (systemd's part, see
 anolisnuma/testing/socket_supervisor.py), driven by the grpc-go client's load mode.
 
-The tests marked ``containerd`` run on one private real containerd per session and are
-skipped, with the reason, when the machine cannot run it (not root, no containerd/runc/ctr,
-no static busybox, no cgroup v1, no CRI stubs, no Go toolchain for the grpc-go client).
+The tests marked ``containerd`` run on one private real containerd per session and build
+(Debian's 1.6 and 2.2: ``anolisnuma/testing/containerd_builds.py``; test ids ``[1.6]``,
+``[2.2]``) and are skipped, with the reason, when the machine cannot run it (not root, no
+containerd/runc/ctr, no static busybox, no cgroup v1, no CRI stubs, no Go toolchain for the
+grpc-go client).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from typing import Iterator, Optional
 
 import pytest
 
 from anolisnuma.testing.containerd import PrivateContainerd, cleanup_dead_instances
+from anolisnuma.testing.containerd_builds import build_named, builds_for_tests
 
 BASE_PREFIX = "/tmp/anolisnuma-restart-"
 RUN_PREFIX = "/run/anolisnuma-restart-"
@@ -25,9 +27,11 @@ LAST_LOG = "/tmp/anolisnuma-restart-last-containerd.log"
 def containerd_skip_reason() -> Optional[str]:
     if os.geteuid() != 0:
         return "needs root (containerd, cgroups, mounts)"
-    for binary in ("containerd", "ctr", "containerd-shim-runc-v2"):
-        if shutil.which(binary) is None:
-            return f"{binary} not found: run scripts/install-deps.sh"
+    if not BUILDS:
+        return "no containerd found: run scripts/install-deps.sh"
+    for build in BUILDS:
+        if build.missing():
+            return build.missing()
     if not os.path.exists("/bin/busybox"):
         return "/bin/busybox not found: install busybox-static"
     if not os.path.isdir("/sys/fs/cgroup/cpuset"):
@@ -52,19 +56,23 @@ def go_skip_reason() -> Optional[str]:
     return None
 
 
-@pytest.fixture(scope="session")
-def containerd() -> Iterator[PrivateContainerd]:
+BUILDS = builds_for_tests()
+
+
+@pytest.fixture(scope="session", params=[b.name for b in BUILDS] or ["1.6"])
+def containerd(request) -> Iterator[PrivateContainerd]:  # type: ignore[no-untyped-def]
     reason = containerd_skip_reason()
     if reason:
         pytest.skip(reason)
     cleanup_dead_instances(BASE_PREFIX, RUN_PREFIX)
-    pid = os.getpid()
-    pc = PrivateContainerd(f"{BASE_PREFIX}{pid}", f"{RUN_PREFIX}{pid}", cni=False)
+    build = build_named(request.param)
+    where = f"{os.getpid()}-{build.name.replace('.', '')}"
+    pc = PrivateContainerd(f"{BASE_PREFIX}{where}", f"{RUN_PREFIX}{where}", cni=False, build=build)
     try:
         pc.start()
         pc.import_images()
         yield pc
     finally:
-        problems = pc.cleanup(save_log=LAST_LOG)
+        problems = pc.cleanup(save_log=LAST_LOG.replace(".log", f"-{build.name}.log"))
         if problems:
             print(f"\nprivate containerd cleanup problems: {problems}", file=sys.stderr)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
 
 import pytest
 
 from anolisnuma.testing import containerd as harness
-from anolisnuma.testing import images
+from anolisnuma.testing import containerd_builds, images
+from anolisnuma.testing.containerd_builds import ContainerdBuild
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,3 +120,44 @@ def test_cleanup_of_a_never_started_instance_only_removes_its_dirs(tmp_path):
     assert pc.cleanup() == []
     assert not base.exists() and not run.exists()
     assert pc.cleanup() == []  # idempotent
+
+
+def test_a_2x_instance_serves_nri_on_a_socket_of_its_own_and_runs_its_own_shim(tmp_path):
+    build = ContainerdBuild("2.2", str(tmp_path / "bin"))
+    pc = harness.PrivateContainerd(str(tmp_path / "base"), str(tmp_path / "run"), build=build)
+    with open(pc.write_config(), "rb") as f:
+        cfg = tomllib.load(f)
+    nri = cfg["plugins"]["io.containerd.nri.v1.nri"]
+    assert nri["socket_path"] == pc.nri_socket and pc.nri_socket.startswith(str(tmp_path / "run"))
+    assert pc.containerd_bin == str(tmp_path / "bin" / "containerd")
+    assert build.path_env("/usr/bin").split(":")[0] == str(tmp_path / "bin")   # its shim first
+    # Debian's 1.6 has no NRI: its configuration says nothing of it
+    old = harness.PrivateContainerd(str(tmp_path / "b16"), str(tmp_path / "r16"))
+    with open(old.write_config(), "rb") as f:
+        assert "io.containerd.nri.v1.nri" not in tomllib.load(f)["plugins"]
+
+
+def test_the_builds_the_tests_run_are_the_ones_asked_for(monkeypatch, tmp_path):
+    monkeypatch.setenv(containerd_builds.ENV_22_DIR, str(tmp_path))
+    monkeypatch.setenv(containerd_builds.ENV_BUILDS, "2.2")
+    with pytest.raises(RuntimeError, match="containerd 2.2: containerd not found in " + str(tmp_path)):
+        containerd_builds.builds_for_tests()   # asked for and absent: a failure, not a skip
+    for name in containerd_builds.BINARIES:
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    (build,) = containerd_builds.builds_for_tests()
+    assert build.bin_dir == str(tmp_path) and build.missing() is None
+    monkeypatch.setenv(containerd_builds.ENV_BUILDS, "1.7")
+    with pytest.raises(ValueError):
+        containerd_builds.builds_for_tests()
+
+
+def test_instances_of_dead_runs_are_found_by_pid_with_or_without_a_build_suffix(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name in (f"e2e-{dead.pid}", f"e2e-{dead.pid}-22", f"e2e-{os.getpid()}-16", "e2e-x1", f"e2e-{dead.pid}-a.b"):
+        (tmp_path / name).mkdir(exist_ok=True)
+    cleaned = harness.cleanup_dead_instances(str(tmp_path / "e2e-"), str(tmp_path / "run-e2e-"))
+    assert sorted(cleaned) == [str(tmp_path / f"e2e-{dead.pid}"), str(tmp_path / f"e2e-{dead.pid}-22")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["e2e-x1", f"e2e-{os.getpid()}-16",
+                                                                 f"e2e-{dead.pid}-a.b"])

@@ -18,6 +18,9 @@
 //	{"kind":"create","pod":0,"start":...,"end":...,"code":0,"container_id":"..."}
 //	{"kind":"open","stream":"events","t":...}  {"kind":"closed","stream":"events","t":...,"code":14,"msg":"..."}
 //	{"kind":"event","stream":"events","t":...,"key":"<sha1 of the message>"}
+//	  (of a GetContainerEvents message: of its container id, event type and time only; the
+//	  statuses it carries hold maps, which containerd 2.x's protobuf-go writes in a random
+//	  order, so that two subscribers get the same event in different bytes)
 //	{"kind":"call","method":"...","code":0,"t":...,"ms":...}   (every call, with "trace": true)
 //	{"kind":"summary","ok":{"/runtime.v1.RuntimeService/Version":120,...},"failed":{...}}
 //
@@ -34,6 +37,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -174,6 +178,45 @@ func firstString(msg []byte) string {
 	return ""
 }
 
+// eventIdentity is what names an event of stream method: the whole message, but for a
+// GetContainerEvents one (ContainerEventResponse) only fields 1-3 (container_id,
+// container_event_type, created_at), which containerd writes the same for every subscriber.
+func eventIdentity(method string, msg []byte) []byte {
+	if !strings.HasSuffix(method, "/GetContainerEvents") {
+		return msg
+	}
+	var out []byte
+	i := 0
+	for i < len(msg) {
+		start := i
+		key, n := uvarint(msg[i:])
+		if n <= 0 {
+			return msg
+		}
+		i += n
+		switch key & 7 {
+		case 0:
+			_, n = uvarint(msg[i:])
+			if n <= 0 {
+				return msg
+			}
+			i += n
+		case 2:
+			size, n := uvarint(msg[i:])
+			if n <= 0 || i+n+int(size) > len(msg) {
+				return msg
+			}
+			i += n + int(size)
+		default:
+			return msg
+		}
+		if key>>3 <= 3 {
+			out = append(out, msg[start:i]...)
+		}
+	}
+	return out
+}
+
 func uvarint(b []byte) (uint64, int) {
 	var v uint64
 	for i := 0; i < len(b) && i < 10; i++ {
@@ -289,7 +332,7 @@ func (l *loader) watch(s streamSpec, stop <-chan struct{}, wg *sync.WaitGroup) {
 				if err = stream.RecvMsg(&msg); err != nil {
 					break
 				}
-				sum := sha1.Sum(msg)
+				sum := sha1.Sum(eventIdentity(s.Method, msg))
 				l.emit(map[string]interface{}{"kind": "event", "stream": s.Name, "t": now(),
 					"key": hex.EncodeToString(sum[:])})
 			}

@@ -1,0 +1,119 @@
+"""Which containerd the tests run: Debian's 1.6 and the 2.2 build of ``../shared``.
+
+Debian ships containerd 1.6.20; most Kubernetes nodes run 2.x. The tests start either as
+their private instance (:class:`~anolisnuma.testing.containerd.PrivateContainerd`), so that
+what the proxy promises (every call passes as if it were not there) is checked on both.
+
+- ``1.6``: ``containerd``, ``ctr`` and ``containerd-shim-runc-v2`` on ``PATH`` (Debian's
+  package, installed by ``scripts/install-deps.sh``);
+- ``2.2``: ``containerd``, ``ctr`` and ``containerd-shim-runc-v2`` of containerd v2.2.7 in
+  ``$ANOLISNUMA_CONTAINERD22_DIR``, else ``<repo>/../shared/containerd-2.2`` (CI's layout),
+  else ``/work/shared/containerd-2.2``. containerd 2.x finds its shim on ``PATH``, so the
+  instance runs with that directory first on it (Debian's 1.6 shim does not work with 2.x).
+
+``$ANOLISNUMA_CONTAINERDS`` (e.g. ``1.6`` or ``1.6,2.2``) narrows which the tests run; by
+default every build this machine has.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import List, Optional
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINARIES = ("containerd", "ctr", "containerd-shim-runc-v2")
+ENV_BUILDS = "ANOLISNUMA_CONTAINERDS"
+ENV_22_DIR = "ANOLISNUMA_CONTAINERD22_DIR"
+
+
+@dataclass(frozen=True)
+class ContainerdBuild:
+    """One containerd to test against: a name the tests carry (``1.6``, ``2.2``) and where
+    its binaries are (``bin_dir`` None: found on ``PATH``)."""
+
+    name: str
+    bin_dir: Optional[str] = None
+
+    def binary(self, name: str) -> str:
+        if self.bin_dir is not None:
+            return os.path.join(self.bin_dir, name)
+        return shutil.which(name) or name
+
+    @property
+    def containerd(self) -> str:
+        return self.binary("containerd")
+
+    @property
+    def ctr(self) -> str:
+        return self.binary("ctr")
+
+    @property
+    def major(self) -> int:
+        return int(self.name.split(".")[0])
+
+    def missing(self) -> Optional[str]:
+        """Why this build cannot run here; None when it can."""
+        for name in BINARIES:
+            path = self.binary(name)
+            if not (os.path.isabs(path) and os.access(path, os.X_OK)):
+                where = self.bin_dir or "PATH"
+                return f"containerd {self.name}: {name} not found in {where}"
+        return None
+
+    def path_env(self, path: str) -> str:
+        """``PATH`` for the instance: this build's directory first, so that containerd
+        runs its own shim."""
+        return f"{self.bin_dir}:{path}" if self.bin_dir else path
+
+    def version(self) -> str:
+        """``containerd --version``'s version word (``1.6.20~ds1``, ``v2.2.7``)."""
+        try:
+            out = subprocess.run([self.containerd, "--version"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+        words = out.split()
+        return words[2] if len(words) > 2 else out.strip() or "?"
+
+
+DEBIAN = ContainerdBuild("1.6")
+
+
+def shared_dir(name: str, env: str) -> str:
+    """``$env``, else ``<repo>/../shared/<name>`` (CI's layout), else ``/work/shared/<name>``."""
+    given = os.environ.get(env)
+    if given:
+        return given
+    beside = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", name))
+    return beside if os.path.isdir(beside) else os.path.join("/work/shared", name)
+
+
+def containerd_22() -> ContainerdBuild:
+    return ContainerdBuild("2.2", shared_dir("containerd-2.2", ENV_22_DIR))
+
+
+def known_builds() -> List[ContainerdBuild]:
+    return [DEBIAN, containerd_22()]
+
+
+def build_named(name: str) -> ContainerdBuild:
+    for b in known_builds():
+        if b.name == name:
+            return b
+    raise ValueError(f"no containerd build named {name!r} (known: {', '.join(b.name for b in known_builds())})")
+
+
+def builds_for_tests() -> List[ContainerdBuild]:
+    """The builds the tests run on: ``$ANOLISNUMA_CONTAINERDS`` when set, else every known
+    build present on this machine. A build named there and missing here raises
+    RuntimeError (CI names both: a machine without one must fail, not skip it)."""
+    wanted = os.environ.get(ENV_BUILDS, "").strip()
+    if not wanted:
+        return [b for b in known_builds() if b.missing() is None]
+    builds = [build_named(n.strip()) for n in wanted.split(",") if n.strip()]
+    for b in builds:
+        if b.missing():
+            raise RuntimeError(f"{ENV_BUILDS}={wanted}: {b.missing()}")
+    return builds
