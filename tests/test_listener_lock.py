@@ -120,7 +120,8 @@ def test_normal_lock_holds_our_pid_and_refuses_a_second_instance(sockdir):
         assert os.stat(sock + ".lock").st_mode & 0o777 == 0o600
         error = open_in_thread(UnixListener(sock))
         assert isinstance(error, ListenerError)
-        assert "another anolisnuma instance" in str(error)
+        assert str(error) == f"another anolisnuma instance (pid {os.getpid()}) is running on {sock} (it holds {sock}.lock)"
+        assert error.holder_pid == os.getpid()
     finally:
         first.close()
     # the lock file stays; the next instance takes it over and rewrites it
@@ -128,6 +129,22 @@ def test_normal_lock_holds_our_pid_and_refuses_a_second_instance(sockdir):
     again = UnixListener(sock)
     again.open()
     again.close()
+
+
+@pytest.mark.parametrize("content", ["", "../../etc/passwd\n", "12 34\n", "-5\n", "99999999999999\n", "\xb2\n"])
+def test_a_held_lock_naming_no_pid_is_refused_without_one(sockdir, content):
+    """The holder's pid is only ever read and shown: anything but a plain number is no pid."""
+    sock = os.path.join(sockdir, "a.sock")
+    first = UnixListener(sock)
+    first.open()
+    try:
+        with open(sock + ".lock", "w") as f:   # what the holder left in its lock file
+            f.write(content)
+        error = open_in_thread(UnixListener(sock))
+        assert isinstance(error, ListenerError) and error.holder_pid is None
+        assert str(error) == f"another anolisnuma instance is running on {sock} (it holds {sock}.lock)"
+    finally:
+        first.close()
 
 
 def test_our_own_stale_lock_file_is_reused_and_rewritten(sockdir):

@@ -32,7 +32,12 @@ log = structlog.get_logger("anolisnuma.transport")
 
 
 class ListenerError(Exception):
-    pass
+    """Why the socket cannot be served, in words an operator can act on; ``holder_pid``:
+    the pid another instance wrote into the lock file it holds, when it names one."""
+
+    def __init__(self, message: str, holder_pid: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.holder_pid = holder_pid
 
 
 class UnixListener:
@@ -135,8 +140,10 @@ class UnixListener:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise ListenerError(f"another anolisnuma instance is running on {self.path} "
-                                        f"(it holds {lock_path})") from e
+                    holder = _pid_in(fd)
+                    who = f" (pid {holder})" if holder is not None else ""
+                    raise ListenerError(f"another anolisnuma instance{who} is running on {self.path} "
+                                        f"(it holds {lock_path})", holder_pid=holder) from e
                 raise ListenerError(f"cannot lock {lock_path}: {e.strerror}") from e
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
@@ -193,6 +200,17 @@ def _somaxconn() -> int:
             return int(f.read())
     except (OSError, ValueError):
         return 4096
+
+
+def _pid_in(fd: int) -> Optional[int]:
+    """The pid the holder of the lock wrote into it, or None. Only ever shown to a person:
+    a few bytes read from the file we opened and checked, taken when they are a number
+    and nothing else (the holder may be between its truncate and its write)."""
+    try:
+        text = os.pread(fd, 16, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and 0 < int(text) < 1 << 22 else None
 
 
 def _not_a_lock_file(lock_path: str) -> str:
