@@ -120,7 +120,8 @@ def test_normal_lock_holds_our_pid_and_refuses_a_second_instance(sockdir):
         assert os.stat(sock + ".lock").st_mode & 0o777 == 0o600
         error = open_in_thread(UnixListener(sock))
         assert isinstance(error, ListenerError)
-        assert str(error) == f"another anolisnuma instance (pid {os.getpid()}) is running on {sock} (it holds {sock}.lock)"
+        assert str(error) == (f"another anolisnuma instance (pid {os.getpid()}) is running on {sock} "
+                              f"(it holds {sock}.lock)")
         assert error.holder_pid == os.getpid()
     finally:
         first.close()

@@ -32,11 +32,14 @@ log = structlog.get_logger("anolisnuma.transport")
 
 
 class ListenerError(Exception):
-    """Why the socket cannot be served, in words an operator can act on; ``holder_pid``:
-    the pid another instance wrote into the lock file it holds, when it names one."""
+    """Why the socket cannot be served, in words an operator can act on. ``taken``: another
+    process serves that path (another instance holds its lock, or something answers
+    there); ``holder_pid``: the pid that instance wrote into its lock file, when it names
+    one."""
 
-    def __init__(self, message: str, holder_pid: Optional[int] = None) -> None:
+    def __init__(self, message: str, taken: bool = False, holder_pid: Optional[int] = None) -> None:
         super().__init__(message)
+        self.taken = taken
         self.holder_pid = holder_pid
 
 
@@ -143,7 +146,7 @@ class UnixListener:
                     holder = _pid_in(fd)
                     who = f" (pid {holder})" if holder is not None else ""
                     raise ListenerError(f"another anolisnuma instance{who} is running on {self.path} "
-                                        f"(it holds {lock_path})", holder_pid=holder) from e
+                                        f"(it holds {lock_path})", taken=True, holder_pid=holder) from e
                 raise ListenerError(f"cannot lock {lock_path}: {e.strerror}") from e
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
@@ -172,7 +175,7 @@ class UnixListener:
             probe.close()
         hint = (" (systemd's anolisnuma.socket? then start anolisnuma.service, which takes that socket over)"
                 if self.activation else "")
-        raise ListenerError(f"another process is listening on {self.path}{hint}")
+        raise ListenerError(f"another process is listening on {self.path}{hint}", taken=True)
 
     def close(self) -> None:
         """Stop listening and remove the socket file (only if it is still the one we bound:
