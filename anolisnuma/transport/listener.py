@@ -22,6 +22,7 @@ import fcntl
 import os
 import socket
 import stat
+from dataclasses import dataclass
 from typing import Optional
 
 import structlog
@@ -195,6 +196,70 @@ class UnixListener:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+@dataclass(frozen=True)
+class Occupant:
+    """Who serves a socket path already, as a second instance would find it."""
+
+    path: str
+    locked: bool          # an instance holds ``<path>.lock``
+    pid: Optional[int]    # the pid that instance wrote there, when it names one
+    answers: bool         # something accepts connections on the path
+
+    def describe(self) -> str:
+        if self.locked:
+            who = f"another anolisnuma (pid {self.pid})" if self.pid is not None else "another anolisnuma"
+            return f"{who} serves {self.path} (it holds {self.path}.lock)"
+        return f"another process answers on {self.path}"
+
+
+def occupant(path: str) -> Optional[Occupant]:
+    """Who serves ``path`` now (a tool's question before it starts a daemon there), or None.
+
+    Nothing is written and nothing is followed: the lock file is opened only when it is a
+    regular file, read-only and never through a symbolic link; its lock is tried shared
+    and let go at once (an instance holding it keeps it exclusive)."""
+    locked, pid = False, None
+    lock_path = path + ".lock"
+    try:
+        plain = stat.S_ISREG(os.lstat(lock_path).st_mode)
+    except OSError:
+        plain = False
+    if plain:
+        try:
+            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    except OSError as e:
+                        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                            locked, pid = True, _pid_in(fd)
+            finally:
+                os.close(fd)   # and with it our shared lock, if we got it
+    answers = _answers(path)
+    return Occupant(path, locked, pid, answers) if locked or answers else None
+
+
+def _answers(path: str) -> bool:
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _somaxconn() -> int:
