@@ -43,6 +43,7 @@ import grpc  # noqa: E402
 
 from anolisnuma.ctl import main as ctl_main  # noqa: E402
 from anolisnuma.ctl.client import CtlError, ask  # noqa: E402
+from anolisnuma.ctl.table import printable  # noqa: E402
 from anolisnuma.testing.containerd import make_pod_cgroup, remove_pod_cgroup  # noqa: E402
 from anolisnuma.testing.images import PAUSE_IMAGE  # noqa: E402
 from cri_proto import api_pb2 as pb  # noqa: E402
@@ -167,7 +168,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.remove:
         why = not_our_daemon(args)
         if why is not None:
-            print(f"demo: {why}; no pod was made", file=sys.stderr)
+            # (it may quote whoever answers on the admin socket: escaped like anolisnuma-ctl's output)
+            print(printable(f"demo: {why}; no pod was made"), file=sys.stderr)
             return 1
     try:
         if args.remove:
