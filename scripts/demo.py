@@ -2,8 +2,9 @@
 """See anolisnuma work without a kubelet or crictl: two pods through the proxy, then what
 the daemon says it did with them.
 
-    scripts/demo.py [--socket PATH] [--admin-socket PATH]      create the pods, show them
-    scripts/demo.py --remove [...]                             stop and remove them again
+    scripts/demo.py [--socket PATH] [--admin-socket PATH] [--daemon-pid PID]
+                                               create the pods, show them
+    scripts/demo.py --remove [...]             stop and remove them again
 
 The pods go into the namespace ``anolisnuma-demo`` (``scripts/run-local.sh --demo`` runs the
 proxy with NUMA placement on for that namespace):
@@ -18,6 +19,10 @@ Each gets one container of the pause image the local containerd holds
 before RunPodSandbox. The calls are the project's own CRI messages (``cri_proto``) over
 gRPC, sent to the proxy's socket like a kubelet's; then ``anolisnuma-ctl pods`` and
 ``anolisnuma-ctl explain`` show the decisions. Needs root.
+
+Before any pod is made, the daemon on the admin socket must be the one serving ``--socket``
+(and, given ``--daemon-pid``, that process): on a node where another anolisnuma holds
+either socket, the demo would make its pods through one daemon and show the other's.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any, List, Optional
 
@@ -35,6 +41,9 @@ if REPO not in sys.path:
 
 import grpc  # noqa: E402
 
+from anolisnuma.ctl import main as ctl_main  # noqa: E402
+from anolisnuma.ctl.client import CtlError, ask  # noqa: E402
+from anolisnuma.ctl.table import printable  # noqa: E402
 from anolisnuma.testing.containerd import make_pod_cgroup, remove_pod_cgroup  # noqa: E402
 from anolisnuma.testing.images import PAUSE_IMAGE  # noqa: E402
 from cri_proto import api_pb2 as pb  # noqa: E402
@@ -44,6 +53,8 @@ RUNTIME = "/runtime.v1.RuntimeService/"
 PERIOD = 100_000
 MIB = 1 << 20
 DEMO_LABEL = "anolisnuma.io/demo"
+# How long the daemon has to answer on its admin socket (it listens there just after the CRI socket).
+ADMIN_WAIT_SECONDS = 60.0
 
 
 class Cri:
@@ -100,6 +111,42 @@ def remove(cri: Cri) -> int:
     return 0
 
 
+def not_our_daemon(args: argparse.Namespace) -> Optional[str]:
+    """None when the daemon answering on the admin socket is the one serving ``--socket``
+    (and is ``--daemon-pid``); else why the demo must not go on."""
+    try:
+        path = args.admin_socket or ctl_main.admin_socket(ctl_main.build_parser().parse_args(["status"]))
+    except CtlError as e:
+        return str(e)
+    deadline = time.monotonic() + ADMIN_WAIT_SECONDS
+    while True:
+        try:
+            status = ask(path, "status", timeout=10)
+            break
+        except CtlError as e:
+            if args.daemon_pid and not _alive(args.daemon_pid):
+                return f"the daemon (pid {args.daemon_pid}) has ended (its words are above)"
+            if time.monotonic() > deadline:
+                return f"no daemon answers on the admin socket {path} within {ADMIN_WAIT_SECONDS:g}s: {e}"
+        time.sleep(0.1)
+    other = f"another anolisnuma (pid {status.get('pid')}, serving {status.get('listen')}) answers on {path}"
+    if args.daemon_pid and status.get("pid") != args.daemon_pid:
+        return f"{other}, not the daemon this demo is for (pid {args.daemon_pid}): anolisnuma-ctl would show its pods"
+    if os.path.realpath(str(status.get("listen"))) != os.path.realpath(args.socket):
+        return f"{other}, not the daemon serving {args.socket}: anolisnuma-ctl would show its pods"
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def ctl(args: argparse.Namespace, *command: str) -> int:
     argv = [os.path.join(os.path.dirname(sys.executable), "anolisnuma-ctl")]
     if not os.path.exists(argv[0]):
@@ -114,9 +161,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="demo.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--socket", default="/var/run/anolisnuma/anolisnuma.sock", help="the proxy's CRI socket")
     ap.add_argument("--admin-socket", default="", help="the daemon's admin socket (default: anolisnuma-ctl's)")
+    ap.add_argument("--daemon-pid", type=int, default=0, help="the daemon the admin socket must be served by")
     ap.add_argument("--remove", action="store_true", help="stop and remove the demo's pods")
     args = ap.parse_args(argv)
     cri = Cri(args.socket)
+    if not args.remove:
+        why = not_our_daemon(args)
+        if why is not None:
+            # (it may quote whoever answers on the admin socket: escaped like anolisnuma-ctl's output)
+            print(printable(f"demo: {why}; no pod was made"), file=sys.stderr)
+            return 1
     try:
         if args.remove:
             return remove(cri)

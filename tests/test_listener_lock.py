@@ -7,11 +7,12 @@ The daemon runs as root; whoever can plant a symbolic link, FIFO or hard link at
 from __future__ import annotations
 
 import os
+import socket
 import threading
 
 import pytest
 
-from anolisnuma.transport.listener import ListenerError, UnixListener
+from anolisnuma.transport.listener import ListenerError, Occupant, UnixListener, occupant
 
 VICTIM_TEXT = "root:precious:0:0\n"
 
@@ -120,7 +121,9 @@ def test_normal_lock_holds_our_pid_and_refuses_a_second_instance(sockdir):
         assert os.stat(sock + ".lock").st_mode & 0o777 == 0o600
         error = open_in_thread(UnixListener(sock))
         assert isinstance(error, ListenerError)
-        assert "another anolisnuma instance" in str(error)
+        assert str(error) == (f"another anolisnuma instance (pid {os.getpid()}) is running on {sock} "
+                              f"(it holds {sock}.lock)")
+        assert error.holder_pid == os.getpid()
     finally:
         first.close()
     # the lock file stays; the next instance takes it over and rewrites it
@@ -128,6 +131,22 @@ def test_normal_lock_holds_our_pid_and_refuses_a_second_instance(sockdir):
     again = UnixListener(sock)
     again.open()
     again.close()
+
+
+@pytest.mark.parametrize("content", ["", "../../etc/passwd\n", "12 34\n", "-5\n", "99999999999999\n", "\xb2\n"])
+def test_a_held_lock_naming_no_pid_is_refused_without_one(sockdir, content):
+    """The holder's pid is only ever read and shown: anything but a plain number is no pid."""
+    sock = os.path.join(sockdir, "a.sock")
+    first = UnixListener(sock)
+    first.open()
+    try:
+        with open(sock + ".lock", "w") as f:   # what the holder left in its lock file
+            f.write(content)
+        error = open_in_thread(UnixListener(sock))
+        assert isinstance(error, ListenerError) and error.holder_pid is None
+        assert str(error) == f"another anolisnuma instance is running on {sock} (it holds {sock}.lock)"
+    finally:
+        first.close()
 
 
 def test_our_own_stale_lock_file_is_reused_and_rewritten(sockdir):
@@ -152,3 +171,47 @@ def test_lock_fd_is_not_inherited(sockdir):
         assert not os.get_inheritable(listener._lock_fd)
     finally:
         listener.close()
+
+
+# ---------------------------------------------------------------- who serves a path (asked by tools)
+
+def test_a_path_served_by_an_instance_names_its_pid_and_is_left_as_it_was(sockdir):
+    sock = os.path.join(sockdir, "a.sock")
+    assert occupant(sock) is None   # nobody yet
+    first = UnixListener(sock)
+    first.open()
+    try:
+        found = occupant(sock)
+        assert found == Occupant(sock, locked=True, pid=os.getpid(), answers=True)
+        assert found.describe() == f"another anolisnuma (pid {os.getpid()}) serves {sock} (it holds {sock}.lock)"
+        assert occupant(sock) == found   # asking took nothing away
+        with open(sock + ".lock") as f:
+            assert f.read() == f"{os.getpid()}\n"
+    finally:
+        first.close()
+    assert occupant(sock) is None   # what a stopped instance leaves (its lock file) is nobody
+
+
+def test_a_foreign_listener_answers_without_a_lock(sockdir):
+    sock = os.path.join(sockdir, "a.sock")
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(sock)
+    other.listen(1)
+    try:
+        assert occupant(sock) == Occupant(sock, locked=False, pid=None, answers=True)
+        assert occupant(sock).describe() == f"another process answers on {sock}"
+    finally:
+        other.close()
+    assert occupant(sock) is None   # a stale socket file is nobody
+
+
+def test_a_symlink_at_the_lock_path_is_not_followed_to_a_held_lock(sockdir):
+    held = os.path.join(sockdir, "held.sock")
+    first = UnixListener(held)
+    first.open()
+    try:
+        asked = os.path.join(sockdir, "asked.sock")
+        os.symlink(held + ".lock", asked + ".lock")
+        assert occupant(asked) is None
+    finally:
+        first.close()

@@ -76,7 +76,7 @@ def status(r: Dict[str, Any]) -> str:
         ("listen", r.get("listen")),
         ("containerd", containerd),
         ("admin socket", r.get("admin_socket")),
-        ("metrics", r.get("metrics_url") or "off"),
+        ("metrics", _metrics(r)),
         ("relay", f"{_plural(relay.get('connections', 0), 'connection')} (cap {relay.get('max_connections', '?')}, "
                   f"open files {relay.get('open_files_limit', '?')}); buffers {human_bytes(relay.get('buffer_bytes'))} "
                   f"of {human_bytes(relay.get('buffer_limit_bytes'))} (peak {human_bytes(relay.get('buffer_peak_bytes'))}, "
@@ -124,6 +124,16 @@ def status(r: Dict[str, Any]) -> str:
                             [[holder, ", ".join(f"{k} {n}" for k, n in sizes.items()) or "-"]
                              for holder, sizes in structures.items()]))
     return lines(*blocks)
+
+
+def _metrics(r: Dict[str, Any]) -> str:
+    """Where the metrics are served, or why a configured endpoint is not."""
+    if r.get("metrics_url"):
+        return r["metrics_url"]
+    asked = ((r.get("surfaces") or {}).get("metrics") or {})
+    if asked.get("error"):
+        return f"UNAVAILABLE on {asked.get('listen')}: {asked['error']} (the daemon runs on without it)"
+    return "off"
 
 
 def _knobs(knobs: Any) -> str:

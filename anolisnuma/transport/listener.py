@@ -22,6 +22,7 @@ import fcntl
 import os
 import socket
 import stat
+from dataclasses import dataclass
 from typing import Optional
 
 import structlog
@@ -32,7 +33,15 @@ log = structlog.get_logger("anolisnuma.transport")
 
 
 class ListenerError(Exception):
-    pass
+    """Why the socket cannot be served, in words an operator can act on. ``taken``: another
+    process serves that path (another instance holds its lock, or something answers
+    there); ``holder_pid``: the pid that instance wrote into its lock file, when it names
+    one."""
+
+    def __init__(self, message: str, taken: bool = False, holder_pid: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.taken = taken
+        self.holder_pid = holder_pid
 
 
 class UnixListener:
@@ -135,8 +144,10 @@ class UnixListener:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    raise ListenerError(f"another anolisnuma instance is running on {self.path} "
-                                        f"(it holds {lock_path})") from e
+                    holder = _pid_in(fd)
+                    who = f" (pid {holder})" if holder is not None else ""
+                    raise ListenerError(f"another anolisnuma instance{who} is running on {self.path} "
+                                        f"(it holds {lock_path})", taken=True, holder_pid=holder) from e
                 raise ListenerError(f"cannot lock {lock_path}: {e.strerror}") from e
             os.ftruncate(fd, 0)
             os.write(fd, f"{os.getpid()}\n".encode())
@@ -165,7 +176,7 @@ class UnixListener:
             probe.close()
         hint = (" (systemd's anolisnuma.socket? then start anolisnuma.service, which takes that socket over)"
                 if self.activation else "")
-        raise ListenerError(f"another process is listening on {self.path}{hint}")
+        raise ListenerError(f"another process is listening on {self.path}{hint}", taken=True)
 
     def close(self) -> None:
         """Stop listening and remove the socket file (only if it is still the one we bound:
@@ -187,12 +198,87 @@ class UnixListener:
             self._lock_fd = None
 
 
+@dataclass(frozen=True)
+class Occupant:
+    """Who serves a socket path already, as a second instance would find it."""
+
+    path: str
+    locked: bool          # an instance holds ``<path>.lock``
+    pid: Optional[int]    # the pid that instance wrote there, when it names one
+    answers: bool         # something accepts connections on the path
+
+    def describe(self) -> str:
+        if self.locked:
+            who = f"another anolisnuma (pid {self.pid})" if self.pid is not None else "another anolisnuma"
+            return f"{who} serves {self.path} (it holds {self.path}.lock)"
+        return f"another process answers on {self.path}"
+
+
+def occupant(path: str) -> Optional[Occupant]:
+    """Who serves ``path`` now (a tool's question before it starts a daemon there), or None.
+
+    Nothing is written and nothing is followed: the lock file is opened only when it is a
+    regular file, read-only and never through a symbolic link; its lock is tried shared
+    and let go at once (an instance holding it keeps it exclusive)."""
+    locked, pid = False, None
+    lock_path = path + ".lock"
+    try:
+        plain = stat.S_ISREG(os.lstat(lock_path).st_mode)
+    except OSError:
+        plain = False
+    if plain:
+        try:
+            fd = os.open(lock_path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            try:
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    except OSError as e:
+                        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                            locked, pid = True, _pid_in(fd)
+            finally:
+                os.close(fd)   # and with it our shared lock, if we got it
+    answers = _answers(path)
+    return Occupant(path, locked, pid, answers) if locked or answers else None
+
+
+def _answers(path: str) -> bool:
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(0.5)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 def _somaxconn() -> int:
     try:
         with open("/proc/sys/net/core/somaxconn") as f:
             return int(f.read())
     except (OSError, ValueError):
         return 4096
+
+
+def _pid_in(fd: int) -> Optional[int]:
+    """The pid the holder of the lock wrote into it, or None. Only ever shown to a person:
+    a few bytes read from the file we opened and checked, taken when they are a number
+    and nothing else (the holder may be between its truncate and its write)."""
+    try:
+        text = os.pread(fd, 16, 0).decode("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and 0 < int(text) < 1 << 22 else None
 
 
 def _not_a_lock_file(lock_path: str) -> str:
