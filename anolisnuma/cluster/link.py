@@ -54,6 +54,8 @@ class ClusterLink:
         from anolisnuma.cluster.pod_events import PodEventSink
 
         kubeconfig = load_kubeconfig(config.kubeconfig)
+        for warning in kubeconfig.warnings:
+            log.warning("a credential of the API server link is readable by others", problem=warning)
         timeout = config.request_timeout_seconds
         self.config = config
         self.server = kubeconfig.server
