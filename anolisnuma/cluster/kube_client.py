@@ -10,8 +10,9 @@ every reply is bounded (``bounded_transport.py``). lightkube 0.x (Python 3.9) an
 
 This adapter makes the client (the kubeconfig checked by ``kubeconfig.py``, the TLS context
 and credentials from lightkube but a ``tokenFile``'s, which ``token_auth.py`` reads, our
-transport in front of httpx's), maps every failure to one :class:`ApiError`, and hands the
-loops plain dicts. One client is used by one thread;
+transport in front of httpx's), maps every failure to one :class:`ApiError` (a reply that
+fails to decode in any way among them: a reply nested past the decoder's depth raises
+RecursionError), and hands the loops plain dicts. One client is used by one thread;
 requests are blocking and run on the cluster loops' own threads, never on the CRI loop.
 """
 
@@ -90,8 +91,11 @@ def api_error(e: BaseException, what: str) -> ApiError:
 
 
 # What a request that failed or a reply that is garbage can raise (lightkube 0.x decodes with
-# json and dataclasses, 1.x with msgspec: ValueError and its kin, KeyError, TypeError...).
-FAILURES = (httpx.HTTPError, ConfigError, ValueError, KeyError, TypeError, AttributeError, LookupError)
+# json and dataclasses, 1.x with msgspec: ValueError and its kin, KeyError, TypeError...;
+# both raise RecursionError for a reply nested deeper than they go, and MemoryError is what
+# a decoder may raise for a reply that claims more than there is).
+FAILURES = (httpx.HTTPError, ConfigError, ValueError, KeyError, TypeError, AttributeError, LookupError,
+            RecursionError, MemoryError)
 try:
     import msgspec
 
