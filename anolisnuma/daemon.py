@@ -50,6 +50,27 @@ def read_kubelet_cgroup_settings(files_root: str) -> Dict[str, Any]:
     return dict(cgroup_settings(inspect(Root(files_root))))
 
 
+def kubelet_reserved_cpus(files_root: str) -> Any:
+    """The CPUs the kubelet reserves (``reservedSystemCPUs`` / ``--reserved-cpus``) as a
+    CpuSet, read from its files below ``files_root`` by the same reader as its cgroup
+    settings; empty when it names none. One that cannot be read or parsed is logged and
+    taken as none: the NodeResourceTopology then counts them as allocatable, as it says."""
+    from anolisnuma.ctl.kubelet import Root, inspect, reserved_cpus
+    from anolisnuma.policies.numa.cpuset import EMPTY, CpuSet
+
+    try:
+        setting = reserved_cpus(inspect(Root(files_root)))
+        cpus = CpuSet.parse(setting.value) if setting.value else EMPTY
+    except Exception as e:   # an unreadable kubelet setup costs the exactness of allocatable only
+        log.warning("cannot read the kubelet's reserved CPUs; the NodeResourceTopology counts none",
+                    error=repr(e)[:300])
+        return EMPTY
+    if cpus:
+        log.info("the kubelet's reserved CPUs are left out of the NodeResourceTopology's allocatable",
+                 reserved_cpus=str(cpus), origin=setting.origin)
+    return cpus
+
+
 def build_hooks(config: Config) -> List[Hook]:
     """The hooks the configuration enables, in the order they run.
 
@@ -91,7 +112,9 @@ def build_cluster_link(config: Config, hooks: List[Hook]) -> Any:
     from anolisnuma.cluster.link import cluster_link, link_node_name
 
     placement = next((h.placement for h in hooks if getattr(h, "placement", None) is not None), None)
-    link = cluster_link(k, placement, config.paths.state_dir, link_node_name(k, config.numa))
+    reserved = (kubelet_reserved_cpus(config.cgroups.kubelet_files_root)
+                if k.topology and placement is not None else None)
+    link = cluster_link(k, placement, config.paths.state_dir, link_node_name(k, config.numa), reserved)
     wire_decision_events(hooks, link)
     return link
 

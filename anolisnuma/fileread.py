@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from typing import Callable, Optional
 
 MIB = 1 << 20
 
@@ -36,12 +37,15 @@ class RefusedFile(Exception):
         self.problem = problem
 
 
-def read_regular_file(path: str, limit: int, follow_symlinks: bool = True) -> bytes:
+def read_regular_file(path: str, limit: int, follow_symlinks: bool = True,
+                      on_open: Optional[Callable[[os.stat_result], None]] = None) -> bytes:
     """The content of the regular file at ``path``, at most ``limit`` bytes.
 
     Raises :class:`RefusedFile` when it is not a regular file (with ``follow_symlinks``
     false, also when it is a symbolic link) or holds more than ``limit`` bytes; OSError
     when it cannot be opened or read (FileNotFoundError when there is nothing there).
+    ``on_open`` is given the ``fstat`` of what was opened, before a byte is read (a
+    caller's own checks of owner and mode; what it raises goes through).
     """
     _check(path, os.stat(path) if follow_symlinks else os.lstat(path), limit)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -52,7 +56,10 @@ def read_regular_file(path: str, limit: int, follow_symlinks: bool = True) -> by
             raise RefusedFile(path, "a symbolic link") from None
         raise
     try:
-        _check(path, os.fstat(fd), limit)
+        st = os.fstat(fd)
+        _check(path, st, limit)
+        if on_open is not None:
+            on_open(st)
         data = _read_at_most(fd, limit + 1)
     finally:
         os.close(fd)

@@ -9,19 +9,22 @@ it re-reads on SIGHUP, the state it restores at start, the sockets it serves (th
 socket reaches containerd's root API), the log it appends to. Whoever may write in one of
 them, or in a directory above it, may swap any of these for a file, a FIFO or a symbolic
 link of their choosing. So each of them must be changeable by root (or the daemon's own
-user) alone: owned by it, writable by no group but root's, by nobody else; a directory
-above may be writable by all only with the sticky bit (``/tmp``), where nobody may rename
-what is not theirs.
+user) alone: owned by it, writable by no group but root's, by nobody else, by the mode
+bits and by POSIX ACLs alike (a default ACL of a directory it creates files in too: the
+socket it binds there would inherit it); a directory above may be writable by all only
+with the sticky bit (``/tmp``), where nobody may rename what is not theirs. The checks are
+:mod:`anolisnuma.trusted_file`'s, which the credentials and rule files go through as well.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from typing import Iterator, List, Optional, Tuple
+from typing import List, Tuple
 
 from anolisnuma.config import Config
 from anolisnuma.configfile import ConfigError
+from anolisnuma.trusted_file import unsafe_along
 
 
 def config_warnings(config: Config) -> List[str]:
@@ -68,21 +71,20 @@ def check_writable_paths(config: Config) -> None:
 def check_owners(config: Config) -> None:
     """ConfigError naming the key and the path of the first of the daemon's directories
     (or the configuration file, or a directory above one) that someone other than root or
-    the daemon's user may change, with the command that fixes it."""
-    guarded = list(_directories(config))
+    the daemon's user may change (by its mode bits or a POSIX ACL), with the command that
+    fixes it."""
+    guarded = [(key, path, True) for key, path in _directories(config)]
     if config.source:
-        guarded += [("configuration file", config.source), ("configuration file", os.path.dirname(config.source))]
-    for key, path in guarded:
-        for at, above in _chain(path):
-            try:
-                problem = _unsafe(at, above)
-            except OSError as e:
-                raise ConfigError(key, f"cannot check who may change {at}: {e.strerror}") from None
-            if problem is not None:
-                what, fix = problem
-                where = f"{at} (above {path})" if above else at
-                raise ConfigError(key, f"{where} is {what}: whoever may write there may swap what the daemon "
-                                       f"reads and writes as root; fix: {fix} {at}")
+        guarded += [("configuration file", config.source, False),
+                    ("configuration file", os.path.dirname(config.source), False)]
+    for key, path, creates in guarded:
+        try:
+            unsafe = unsafe_along(path, creates=creates)
+        except OSError as e:
+            raise ConfigError(key, f"cannot check who may change {e.filename or path}: {e.strerror}") from None
+        if unsafe is not None:
+            raise ConfigError(key, unsafe.describe("whoever may write there may swap what the daemon reads and "
+                                                   "writes as root"))
 
 
 def _directories(config: Config) -> List[Tuple[str, str]]:
@@ -93,34 +95,3 @@ def _directories(config: Config) -> List[Tuple[str, str]]:
     if config.log.file:
         out.append(("log.file", os.path.dirname(config.log.file)))
     return out
-
-
-def _chain(path: str) -> Iterator[Tuple[str, bool]]:
-    """``(path, False)``, then ``(directory, True)`` for each directory above it, up to
-    ``/``: on the path as written and on the path it resolves to, since a symbolic link
-    on the way leads elsewhere (``/var/run`` -> ``/run``)."""
-    seen = set()
-    for start in (os.path.abspath(path), os.path.realpath(path)):
-        at, above = start, False
-        while at not in seen:
-            seen.add(at)
-            yield at, above
-            at, above = os.path.dirname(at), True
-
-
-def _unsafe(path: str, above: bool) -> Optional[Tuple[str, str]]:
-    """(what is wrong, the command that fixes it), or None when only root or the daemon's
-    user may change ``path``."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None   # made later, in a directory checked here
-    mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid not in (0, os.geteuid()):
-        return f"owned by uid {st.st_uid}, not root", "chown root"
-    if above and mode & stat.S_ISVTX:
-        return None
-    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and st.st_gid != 0):
-        who = "every user" if mode & stat.S_IWOTH else f"group {st.st_gid}"
-        return f"writable by {who} (mode {mode:04o})", "chmod go-w"
-    return None

@@ -125,3 +125,51 @@ def test_the_daemon_refuses_to_start_with_exit_2_naming_the_path(tmp_path):
     assert r.stderr.startswith(f"anolisnuma: invalid configuration: paths.state_dir: {data['paths']['state_dir']} "
                                "is writable by every user (mode 0777)")
     assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ POSIX ACLs
+
+def set_acl(path: str, *named: tuple, mask: int = 7, default: bool = False) -> None:
+    """``setfacl -m`` as the kernel stores it: owner rwx, group r-x, others r-x, the
+    ``named`` (tag, perm, id) entries (tag 2 a user, 8 a group) and ``mask``."""
+    import struct
+
+    entries = [(1, 7, 0xFFFFFFFF), *named, (4, 5, 0xFFFFFFFF), (0x10, mask, 0xFFFFFFFF), (0x20, 5, 0xFFFFFFFF)]
+    data = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in sorted(entries))
+    try:
+        os.setxattr(path, "system.posix_acl_default" if default else "system.posix_acl_access", data)
+    except OSError as e:
+        pytest.skip(f"no POSIX ACLs on this file system: {e.strerror}")
+
+
+def test_a_write_acl_for_another_user_or_group_is_refused_as_mode_bits_are(tmp_path):
+    cfg = node(tmp_path)
+    state = str(tmp_path / "state")
+    set_acl(state, (2, 7, 1000))
+    assert refusal(cfg) == (f"paths.state_dir: {state} is writable by uid 1000 through a POSIX ACL: whoever may "
+                            f"write there may swap what the daemon reads and writes as root; fix: setfacl -x u:1000 "
+                            f"{state}")
+    set_acl(state, (8, 6, 50))
+    assert "writable by gid 50 through a POSIX ACL" in refusal(cfg) and "setfacl -x g:50" in refusal(cfg)
+    set_acl(str(tmp_path / "etc" / "config.toml"), (2, 6, 1000))
+    set_acl(state, (2, 5, 1000))   # read and enter only
+    assert refusal(cfg).startswith(f"configuration file: {tmp_path}/etc/config.toml is writable by uid 1000 "
+                                   "through a POSIX ACL")
+
+
+def test_an_acl_that_grants_no_write_passes(tmp_path):
+    cfg = node(tmp_path)
+    set_acl(str(tmp_path / "state"), (2, 5, 1000), (8, 7, 0))    # read for a user, write for root's group
+    set_acl(str(tmp_path / "log"), (2, 7, 1000), mask=5)          # the mask takes the write away
+    set_acl(str(tmp_path / "etc" / "config.toml"), (2, 4, 1000))
+    check_owners(cfg)
+
+
+def test_a_default_acl_granting_write_where_the_daemon_creates_files_is_refused(tmp_path):
+    """The socket the daemon binds there would inherit it: that user could connect."""
+    cfg = node(tmp_path)
+    run = str(tmp_path / "run")
+    set_acl(run, (2, 6, 1000), default=True)
+    assert refusal(cfg).startswith(f"server.listen: {run} is given a default POSIX ACL that makes what the daemon "
+                                   f"creates there writable by uid 1000")
+    assert refusal(cfg).endswith(f"fix: setfacl -d -x u:1000 {run}")

@@ -5,7 +5,10 @@ background threads of its own and never on the CRI path: a CRI call never waits 
 API server, whatever state it is in.
 
 - ``config.py``: the ``[kubernetes]`` section;
-- ``kubeconfig.py``: the node's credentials file (server, CA, token or client certificate);
+- ``kubeconfig.py``: the node's credentials file (server, CA, token or client certificate),
+  it and every file it names read only when root alone may change them;
+  ``token_file.py``: a token checked and never shown; ``token_auth.py``: the token file's
+  token set on each request (read again on a 401);
 - ``kube_client.py``: the few requests the daemon makes (list, watch, server-side apply,
   events), made with lightkube, imported only when ``[kubernetes] kubeconfig`` is set;
   ``bounded_transport.py``: a deadline on every request and a size bound on every reply
@@ -18,5 +21,6 @@ API server, whatever state it is in.
   the running pods they name; status back to each CR);
 - ``status.py``: what this node writes into a CR's ``status.nodes[]`` (pure);
 - ``events.py``: the ``cluster-events`` loop (events sent, in series, rate-limited);
-  ``pod_events.py``: the policies' decisions about pods worded as events on them.
+  ``pod_events.py``: the policies' decisions about pods worded as events on them;
+  ``cr_events.py``: what a CR did to its pods (re-pinned, not applied, released) told on them.
 """

@@ -35,7 +35,11 @@ BURST = 10
 REFILL_SECONDS = 30.0
 SERIES_WINDOW = 600.0
 MAX_SERIES_KEPT = 1024
+# reportingController, by the part of anolisnuma that decided what an event tells
+# (``kubectl get events -o wide`` shows it as the source): NUMA placement and the Oenuma
+# rules, or the QoS hook.
 REPORTING_CONTROLLER = "anolisnuma.io/numa"
+QOS_CONTROLLER = "anolisnuma.io/qos"
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class Event:
     reason: str    # CamelCase, e.g. NumaRepinned
     action: str    # what was done, e.g. Repin
     note: str
+    controller: str = REPORTING_CONTROLLER   # reportingController: NUMA's, or QOS_CONTROLLER
 
 
 def micro_time(t: float) -> str:
@@ -148,7 +153,7 @@ class EventRecorder(Controller):
         name = self.client.create_event(
             ns, f"{r.name[:200]}.{int(when * 1e9) + self.sent:x}", when, regarding, type=event.type,
             reason=event.reason, action=event.action, note=event.note[:1024],
-            reportingController=REPORTING_CONTROLLER, reportingInstance=f"anolisnuma-{self.node_name}"[:128])
+            reportingController=event.controller, reportingInstance=f"anolisnuma-{self.node_name}"[:128])
         self._series[event] = (name, micro_time(when), 1, when)
         while len(self._series) > MAX_SERIES_KEPT:
             self._series.popitem(last=False)

@@ -9,8 +9,10 @@ every reply is bounded (``bounded_transport.py``). lightkube 0.x (Python 3.9) an
 (3.10+) are both used the same way.
 
 This adapter makes the client (the kubeconfig checked by ``kubeconfig.py``, the TLS context
-and credentials from lightkube, our transport in front of httpx's), maps every failure to
-one :class:`ApiError`, and hands the loops plain dicts. One client is used by one thread;
+and credentials from lightkube but a ``tokenFile``'s, which ``token_auth.py`` reads, our
+transport in front of httpx's), maps every failure to one :class:`ApiError` (a reply that
+fails to decode in any way among them: a reply nested past the decoder's depth raises
+RecursionError), and hands the loops plain dicts. One client is used by one thread;
 requests are blocking and run on the cluster loops' own threads, never on the CRI loop.
 """
 
@@ -29,6 +31,7 @@ from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 from anolisnuma import __version__
 from anolisnuma.cluster.bounded_transport import BoundedTransport, ReplyTooLarge, WatchEnded, httpx
 from anolisnuma.cluster.kubeconfig import Kubeconfig, KubeconfigError
+from anolisnuma.cluster.token_auth import BadToken, TokenFileAuth
 from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND
 
 MIB = 1 << 20
@@ -73,21 +76,26 @@ def api_error(e: BaseException, what: str) -> ApiError:
         return ApiError(e.response.status_code, "", " ".join(text[:300].split()) or what)
     if isinstance(e, ReplyTooLarge):
         return ApiError(200, "Garbage", f"{what}: {e}")
+    if isinstance(e, BadToken):   # (its message names the file, never the token)
+        return ApiError(0, "BadCredentials", f"{what}: {e}")
     if isinstance(e, httpx.TimeoutException):
         return ApiError(0, "Timeout", f"{what}: {e or type(e).__name__}")
     if isinstance(e, httpx.ConnectError):
         return ApiError(0, "Unreachable", f"{what}: {e or type(e).__name__}")
     if isinstance(e, httpx.HTTPError):
         return ApiError(0, "ConnectionLost", f"{what}: {e or type(e).__name__}")
-    if isinstance(e, ConfigError):   # (a tokenFile that is not there)
+    if isinstance(e, ConfigError):   # (lightkube's word for credentials it cannot use)
         return ApiError(0, "BadCredentials", str(e))
     # what a reply that is not JSON, or not the object it should be, makes the decoders raise
     return ApiError(200, "Garbage", f"{what}: the reply is garbage ({type(e).__name__}: {str(e)[:200]})")
 
 
 # What a request that failed or a reply that is garbage can raise (lightkube 0.x decodes with
-# json and dataclasses, 1.x with msgspec: ValueError and its kin, KeyError, TypeError...).
-FAILURES = (httpx.HTTPError, ConfigError, ValueError, KeyError, TypeError, AttributeError, LookupError)
+# json and dataclasses, 1.x with msgspec: ValueError and its kin, KeyError, TypeError...;
+# both raise RecursionError for a reply nested deeper than they go, and MemoryError is what
+# a decoder may raise for a reply that claims more than there is).
+FAILURES = (httpx.HTTPError, ConfigError, ValueError, KeyError, TypeError, AttributeError, LookupError,
+            RecursionError, MemoryError)
 try:
     import msgspec
 
@@ -112,8 +120,11 @@ class KubeClient:
         except (OSError, ValueError, ConfigError) as e:   # (ssl.SSLError is an OSError)
             raise KubeconfigError(f"{kubeconfig.source}: the CA or the client certificate cannot be used: "
                                   f"{' '.join(str(e).split())[:300]}") from e
-        self.transport = BoundedTransport(httpx.HTTPTransport(verify=tls, trust_env=False), max_reply_bytes,
-                                          max_event_bytes, timeout, watch_idle_timeout, user_agent=USER_AGENT)
+        connect: Any = httpx.HTTPTransport(verify=tls, trust_env=False)
+        if kubeconfig.token_file:
+            connect = TokenFileAuth(connect, kubeconfig.token_file, kubeconfig.token or None)
+        self.transport = BoundedTransport(connect, max_reply_bytes, max_event_bytes, timeout, watch_idle_timeout,
+                                          user_agent=USER_AGENT)
         # (trust_env=False: no proxy nor CA bundle from the environment of a node daemon)
         self._client = Client(config, timeout=httpx.Timeout(timeout), trust_env=False, transport=self.transport)
 

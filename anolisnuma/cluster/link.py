@@ -43,10 +43,13 @@ log = structlog.get_logger("anolisnuma.cluster")
 
 class ClusterLink:
     """``ClusterLink(config, placement, state_dir, node_name)``; ``placement`` is the NUMA
-    hook's PlacementService, or None when NUMA placement is off (events only). Raises
-    :class:`~anolisnuma.cluster.kubeconfig.KubeconfigError` when the kubeconfig is unusable."""
+    hook's PlacementService, or None when NUMA placement is off (events only);
+    ``reserved_cpus``: the kubelet's, left out of the NodeResourceTopology's allocatable.
+    Raises :class:`~anolisnuma.cluster.kubeconfig.KubeconfigError` when the kubeconfig is
+    unusable."""
 
-    def __init__(self, config: KubernetesConfig, placement: Optional[Any], state_dir: str, node_name: str) -> None:
+    def __init__(self, config: KubernetesConfig, placement: Optional[Any], state_dir: str, node_name: str,
+                 reserved_cpus: Any = None) -> None:
         # (lightkube is imported here, by the loops' modules: a node without [kubernetes]
         # does not pay for it)
         from anolisnuma.cluster.events import EventRecorder
@@ -54,6 +57,8 @@ class ClusterLink:
         from anolisnuma.cluster.pod_events import PodEventSink
 
         kubeconfig = load_kubeconfig(config.kubeconfig)
+        for warning in kubeconfig.warnings:
+            log.warning("a credential of the API server link is readable by others", problem=warning)
         timeout = config.request_timeout_seconds
         self.config = config
         self.server = kubeconfig.server
@@ -74,10 +79,12 @@ class ClusterLink:
             self._watch_crs(config, kubeconfig, placement, state_dir, timeout)
             if config.topology:
                 from anolisnuma.cluster.topology_publisher import TopologyPublisher
+                from anolisnuma.policies.numa.cpuset import EMPTY
 
                 self.topology = TopologyPublisher(KubeClient(kubeconfig, timeout), placement, node_name,
                                                   config.topology_interval_seconds, config.topology_manager_policy,
-                                                  config.topology_manager_scope)
+                                                  config.topology_manager_scope,
+                                                  reserved=reserved_cpus if reserved_cpus is not None else EMPTY)
             return
         if config.topology:
             log.warning("kubernetes.topology is on but NUMA placement is off: no NodeResourceTopology is "
@@ -179,7 +186,7 @@ def link_node_name(config: KubernetesConfig, numa: Optional[Any]) -> str:
 
 
 def cluster_link(config: Optional[KubernetesConfig], placement: Optional[Any], state_dir: str,
-                 node_name: str) -> Optional[ClusterLink]:
+                 node_name: str, reserved_cpus: Any = None) -> Optional[ClusterLink]:
     """The link when ``[kubernetes]`` names a kubeconfig; None (logged) when it names none
     or an unusable one: the node then runs with its own rules only, and no events."""
     if config is None or not config.enabled:
@@ -187,7 +194,7 @@ def cluster_link(config: Optional[KubernetesConfig], placement: Optional[Any], s
     from anolisnuma.cluster.kubeconfig import KubeconfigError
 
     try:
-        return ClusterLink(config, placement, state_dir, node_name)
+        return ClusterLink(config, placement, state_dir, node_name, reserved_cpus)
     except KubeconfigError as e:
         log.error("kubernetes.kubeconfig unusable; no API server link (no Oenuma CRs, no events)", error=str(e))
         return None

@@ -19,15 +19,18 @@ QosSkipped         Warning  a QoS marking of the pod is not a level (ignored; th
                             pod got instead is said), or the pod's cgroup cannot be placed
 QosApplyFailed     Warning  the kernel refused some of the pod's knob writes
 =================  =======  ==================================================================
+
+The NUMA events are reported by ``anolisnuma.io/numa``, the QoS events by
+``anolisnuma.io/qos`` (their ``reportingController``).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Sequence, Tuple, Union
 
 import structlog
 
-from anolisnuma.cluster.events import Event, EventRecorder, pod_regarding
+from anolisnuma.cluster.events import QOS_CONTROLLER, Event, EventRecorder, pod_regarding
 from anolisnuma.decision_events import (
     Decision, NumaMoved, NumaMoveFailed, NumaPlaced, QosApplied, QosSkipped)
 from anolisnuma.pipeline.metrics import Counters
@@ -75,26 +78,30 @@ def pod_event(d: Decision, node_name: str) -> Event:
         note = (f"live move to {_nodes(d.to_nodes)} failed and was rolled back to {_nodes(d.back_to, '')}: "
                 f"{d.error or 'the re-pin failed'}")
         return Event(about, WARNING, "NumaMoveFailed", "Rollback", f"{node_name}: {note}")
-    if isinstance(d, QosApplied):
-        level = f"QoS level {d.level} ({d.why})"
-        lacking = f"not on this kernel: {', '.join(d.lacking)}" if d.lacking else ""
-        if d.refused:
-            note = f"{level}: knob writes refused: {'; '.join(d.refused)}" + \
-                (f"; set: {_knobs(d)}" if d.knobs else "")
-            return Event(about, WARNING, "QosApplyFailed", "Apply", f"{node_name}: {note}")
-        if d.knobs:
-            applied = f"{level}: {_knobs(d)}" + (f"; {lacking}" if lacking else "")
-        else:
-            applied = f"{level}: no knob written: " + (lacking or "no QoS feature is on")
-        if d.ignored:
-            note = f"{'; '.join(d.ignored)}: skipped; {applied}"
-            return Event(about, WARNING, "QosSkipped", "Skip", f"{node_name}: {note}")
-        if not d.knobs:
-            return Event(about, NORMAL, "QosSkipped", "Skip", f"{node_name}: {applied}")
-        return Event(about, NORMAL, "QosApplied", "Apply", f"{node_name}: {applied}")
-    if isinstance(d, QosSkipped):
-        return Event(about, WARNING, "QosSkipped", "Skip", f"{node_name}: QoS not applied: {d.why}")
+    if isinstance(d, (QosApplied, QosSkipped)):
+        type_, reason, action, note = _qos(d)
+        return Event(about, type_, reason, action, f"{node_name}: {note}", QOS_CONTROLLER)
     raise TypeError(f"not a decision: {type(d).__name__}")
+
+
+def _qos(d: Union[QosApplied, QosSkipped]) -> Tuple[str, str, str, str]:
+    """(type, reason, action, note) of a QoS decision."""
+    if isinstance(d, QosSkipped):
+        return WARNING, "QosSkipped", "Skip", f"QoS not applied: {d.why}"
+    level = f"QoS level {d.level} ({d.why})"
+    lacking = f"not on this kernel: {', '.join(d.lacking)}" if d.lacking else ""
+    if d.refused:
+        note = f"{level}: knob writes refused: {'; '.join(d.refused)}" + (f"; set: {_knobs(d)}" if d.knobs else "")
+        return WARNING, "QosApplyFailed", "Apply", note
+    if d.knobs:
+        applied = f"{level}: {_knobs(d)}" + (f"; {lacking}" if lacking else "")
+    else:
+        applied = f"{level}: no knob written: " + (lacking or "no QoS feature is on")
+    if d.ignored:
+        return WARNING, "QosSkipped", "Skip", f"{'; '.join(d.ignored)}: skipped; {applied}"
+    if not d.knobs:
+        return NORMAL, "QosSkipped", "Skip", applied
+    return NORMAL, "QosApplied", "Apply", applied
 
 
 class PodEventSink:

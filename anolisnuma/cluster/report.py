@@ -7,6 +7,10 @@ differs from the one written last (its time fields aside), and removed (applied 
 when the CR stops naming this node. ``Applied``'s ``lastTransitionTime`` changes only when
 its status does. A CR deleted meanwhile (404) is forgotten; other failures are counted and
 the entry is tried again at the next pass.
+
+With events on, what an entry says about its pods is also told on them (re-pinned, not
+applied, released by a CR that no longer pins them, and where they went):
+``cr_events.py``.
 """
 
 from __future__ import annotations
@@ -18,15 +22,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import structlog
 
+from anolisnuma.cluster.cr_events import CrPodEvents
+from anolisnuma.cluster.events import EventRecorder
 from anolisnuma.cluster.kube_client import ApiError, KubeClient
-from anolisnuma.cluster.events import Event, EventRecorder, pod_regarding
 from anolisnuma.cluster.oenumas import CrRules, Key
 from anolisnuma.cluster.status import apply_body, node_entry
 from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND
 
 log = structlog.get_logger("anolisnuma.cluster")
-
-MAX_TOLD = 1024
 
 
 def field_manager(node_name: str) -> str:
@@ -48,8 +51,7 @@ class StatusReporter:
     def __init__(self, client: KubeClient, node_name: str, clock: Callable[[], float] = time.time,
                  events: Optional[EventRecorder] = None) -> None:
         self.client = client
-        self.events = events
-        self._told: Dict[Tuple[Key, str, str], Tuple[str, str]] = {}   # (CR, pod) -> (state, cpuset) told
+        self.pods_told: Optional[CrPodEvents] = CrPodEvents(events, node_name) if events is not None else None
         self.node_name = node_name
         self.manager = field_manager(node_name)
         self.clock = clock
@@ -59,6 +61,7 @@ class StatusReporter:
         self._placed_version = 0
         self._transitions: Dict[Key, Tuple[str, str]] = {}       # Applied: (status, lastTransitionTime)
         self._left: Dict[Key, Optional[CrRules]] = {}            # entries to look at again (None: remove)
+        self.awaiting = False   # the last report saw re-pins pending, or releases to tell: come back soon
         self.writes = 0
         self.removals = 0
         self.failures = 0
@@ -86,16 +89,17 @@ class StatusReporter:
         everything = changed is None or placed != self._placed
         if placed != self._placed:
             self._placed, self._placed_version = placed, self._placed_version + 1
+        told = self.pods_told.known() if self.pods_told is not None else []
         if everything:
             self._left = {}
             current = {cr.key for cr in crs}
             present: List[CrRules] = crs
-            gone = [k for k in self._written if k not in current]
+            gone = [k for k in dict.fromkeys(list(self._written) + told) if k not in current]
         else:
             left, self._left = self._left, {}
             left.update(changed or {})
             present = [cr for _, cr in sorted((k, cr) for k, cr in left.items() if cr is not None)]
-            gone = [k for k, cr in left.items() if cr is None and k in self._written]
+            gone = [k for k, cr in left.items() if cr is None and (k in self._written or k in told)]
         done = 0
         for cr in present:
             made_of = self._inputs.get(cr.key)
@@ -109,7 +113,8 @@ class StatusReporter:
             entry = node_entry(self.node_name, cr, allocations, pool, placement.rule_of, pending,
                                placement.rule_failure)
             text = json.dumps(entry, sort_keys=True)
-            self._tell(cr, entry)
+            if self.pods_told is not None:
+                self.pods_told.entry(cr, entry)
             if self._written.get(cr.key) != text:
                 self._stamp(cr.key, entry)
                 if not self._apply(cr, entry):
@@ -123,37 +128,18 @@ class StatusReporter:
             if interrupted():
                 self._left[key] = None
                 continue
-            if self._apply(CrRules(key=key, generation=0, uid=""), None):
+            if self.pods_told is not None:
+                self.pods_told.gone(key)   # (a CR made again tells its pods again)
+            if key in self._written and self._apply(CrRules(key=key, generation=0, uid=""), None):
                 self.removals += 1
                 done += 1
             self._written.pop(key, None)
             self._inputs.pop(key, None)
             self._transitions.pop(key, None)
+        if self.pods_told is not None:
+            self.pods_told.announce(allocations, pending, pool, placement.rule_of, placement.rule_failure)
+        self.awaiting = bool(pending) or (self.pods_told is not None and self.pods_told.waiting)
         return done
-
-    def _tell(self, cr: CrRules, entry: Dict[str, Any]) -> None:
-        """An event on each pod the CR re-pinned (a new cpuset, Pinned) or failed to."""
-        if self.events is None:
-            return
-        for pod in entry["pods"]:
-            key = (cr.key, pod["namespace"], pod["name"])
-            now = (pod["state"], pod.get("cpuset", ""))
-            if pod["state"] not in ("Pinned", "Failed") or self._told.get(key) == now:
-                continue
-            self._told[key] = now
-            where = (f"NUMA node {','.join(str(n) for n in pod['numaNodes'])}, cpuset {pod['cpuset']}"
-                     + (f", memset {pod['memset']}" if pod.get("memset") else ""))
-            if pod["state"] == "Pinned":
-                event = Event(pod_regarding(pod["namespace"], pod["name"], pod.get("uid", "")), "Normal",
-                              "NumaRepinned", "Repin", f"{self.node_name}: {where}, by Oenuma {cr.ref}")
-            else:
-                event = Event(pod_regarding(pod["namespace"], pod["name"], pod.get("uid", "")), "Warning",
-                              "NumaRuleFailed", "Repin",
-                              f"{self.node_name}: Oenuma {cr.ref} not applied: {pod.get('reason', '')}; "
-                              f"stays on {where}")
-            self.events.record(event)
-        if len(self._told) > 16 * MAX_TOLD:
-            self._told.clear()
 
     def _stamp(self, key: Key, entry: Dict[str, Any]) -> None:
         cond = entry["conditions"][0]
@@ -180,4 +166,7 @@ class StatusReporter:
         return True
 
     def counts(self) -> Dict[str, int]:
-        return {"status_writes": self.writes, "status_removals": self.removals, "status_failures": self.failures}
+        out = {"status_writes": self.writes, "status_removals": self.removals, "status_failures": self.failures}
+        if self.pods_told is not None:
+            out["pods_released"] = self.pods_told.released
+        return out

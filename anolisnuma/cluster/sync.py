@@ -168,7 +168,10 @@ class ClusterSync(Controller):
             with self._lock:
                 changed, self._unreported = self._unreported, {}
             self.reporter.report(self.current, self.placement, interrupted=self._wake.is_set, changed=changed)
-        self.interval = PENDING_INTERVAL if self.placement.pending_pods() else self.every
+        # (the re-pinner may have applied the moves while the report was made: an entry it
+        # wrote "Pending", or a release it waits to tell, is followed up soon all the same)
+        awaiting = self.reporter is not None and self.reporter.awaiting
+        self.interval = PENDING_INTERVAL if awaiting or self.placement.pending_pods() else self.every
         return moved
 
     def counts(self) -> Dict[str, int]:

@@ -5,11 +5,14 @@ filter and its scoring): cluster-scoped, named after the node, one zone per NUMA
 (``node-0``, ``node-1``..., type ``Node``) with
 
 - ``resources``: ``cpu`` and ``memory``, each with ``capacity`` (the node's online CPUs,
-  its MemTotal), ``allocatable`` (what anolisnuma may place pods on: the node's CPUs in
-  the shared pool, i.e. neither the kubelet's exclusive nor its reserved ones; memory: all
+  its MemTotal), ``allocatable`` (the node's CPUs in the shared pool, i.e. not the
+  kubelet's exclusive ones, less the CPUs the kubelet reserves for the system by name,
+  ``reservedSystemCPUs`` / ``--reserved-cpus``, which stay in its shared pool; memory: all
   of it, as anolisnuma does not carve memory) and ``available`` (allocatable minus what
   anolisnuma's ledger has placed there: a pod on several nodes counts on each in
-  proportion to its CPUs there, as the ledger counts it; never below 0);
+  proportion to its CPUs there, as the ledger counts it; never below 0). A CPU
+  reservation given only as a quantity (``kubeReserved``/``systemReserved``) names no CPU
+  and is not left out;
 - ``costs``: the kernel's NUMA distance to every zone, itself included (10 = local);
 
 and at the top the kubelet's topology manager policy and scope as ``attributes``
@@ -26,7 +29,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 from anolisnuma.policies.numa.balance import NodeLoad
-from anolisnuma.policies.numa.cpuset import CpuSet
+from anolisnuma.policies.numa.cpuset import EMPTY, CpuSet
 from anolisnuma.policies.numa.topology import NumaTopology
 
 API_VERSION = "topology.node.k8s.io/v1alpha2"
@@ -54,12 +57,13 @@ def legacy_policy(policy: str, scope: str) -> str:
 
 
 def topology_object(node_name: str, topology: NumaTopology, pool: CpuSet, loads: Mapping[int, NodeLoad],
-                    policy: str = "none", scope: str = "container") -> Dict[str, Any]:
-    """The whole NodeResourceTopology object of ``node_name`` (for a server-side apply)."""
+                    policy: str = "none", scope: str = "container", reserved: CpuSet = EMPTY) -> Dict[str, Any]:
+    """The whole NodeResourceTopology object of ``node_name`` (for a server-side apply);
+    ``reserved``: the kubelet's reserved CPUs, left out of ``allocatable``."""
     zones: List[Dict[str, Any]] = []
     for node in topology.nodes:
         load = loads.get(node.id) or NodeLoad()
-        cpus = len(node.cpus & pool)
+        cpus = len((node.cpus & pool) - reserved)
         memory = max(node.memory_bytes, 0)
         zones.append({
             "name": zone_name(node.id),

@@ -6,7 +6,9 @@ topology, shared pool and ledger (``topology_object.py``, pure) and, when it dif
 the one published last, applies it whole (server-side apply under the node's field
 manager: the object is created the first time). So it is published at most once per
 interval, only when something changed, and never from the CRI path: a placement only
-changes the ledger, which this loop reads later. It is also applied again, changed or
+changes the ledger, which this loop reads later. ``reserved`` is the kubelet's reserved
+CPUs (read by the daemon from the kubelet's flags and config at start, as it reads its
+cgroup layout): left out of every zone's ``allocatable``. It is also applied again, changed or
 not, every ``REFRESH_SECONDS`` (an object someone deleted comes back). A failed apply
 is counted and logged and tried again at the next pass; nothing queues up meanwhile.
 """
@@ -23,6 +25,7 @@ from anolisnuma.cluster.kube_client import ApiError, KubeClient
 from anolisnuma.cluster.report import field_manager
 from anolisnuma.cluster.topology_object import topology_object
 from anolisnuma.controller import Controller
+from anolisnuma.policies.numa.cpuset import EMPTY, CpuSet
 
 log = structlog.get_logger("anolisnuma.cluster")
 
@@ -37,8 +40,10 @@ class TopologyPublisher(Controller):
     run_at_start = False
 
     def __init__(self, client: KubeClient, placement: Any, node_name: str, interval: float = 10.0,
-                 policy: str = "none", scope: str = "container", clock: Callable[[], float] = time.time) -> None:
+                 policy: str = "none", scope: str = "container", clock: Callable[[], float] = time.time,
+                 reserved: CpuSet = EMPTY) -> None:
         super().__init__()
+        self.reserved = reserved
         self.client = client
         self.placement = placement
         self.node_name = node_name
@@ -61,7 +66,7 @@ class TopologyPublisher(Controller):
         with getattr(p, "_lock", None) or contextlib.nullcontext():
             loads = p.ledger.loads()
             pool = p.shared_pool
-        return topology_object(self.node_name, p.topology, pool, loads, self.policy, self.scope)
+        return topology_object(self.node_name, p.topology, pool, loads, self.policy, self.scope, self.reserved)
 
     def run_once(self) -> bool:
         """True when the object was applied."""
@@ -93,7 +98,8 @@ class TopologyPublisher(Controller):
     def topology_status(self) -> Dict[str, Any]:
         """For ``anolisnuma-ctl status`` (the link's status, under ``topology``)."""
         zones = (self._published or {}).get("zones") or []
-        return {"name": self.node_name, "last_publish": self.last_publish or None, "publishes": self.publishes,
+        return {"name": self.node_name, "reserved_cpus": str(self.reserved) or None,
+                "last_publish": self.last_publish or None, "publishes": self.publishes,
                 "failures": self.failures, "last_error": self.publish_error or None, "zones": len(zones)}
 
     def closed(self) -> None:

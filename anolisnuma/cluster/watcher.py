@@ -9,9 +9,10 @@ cluster's nodes do not come back all at once) or it fails. Each event updates th
 wakes the rules loop; nothing is queued, so a flood of events costs CPU on this thread and
 no memory. A watch answered with 410 Gone (the resourceVersion is older than the server
 keeps) is followed at once by a relist. Any other failure (refused, cut, timed out, silent
-past the idle limit, ended at once, garbage) keeps the last CRs seen, so the rules stay in
-force, and the session is tried again after a delay that doubles from 0.5 s up to
-``backoff_max_seconds``, give or take 20 %.
+past the idle limit, ended at once, garbage of any kind, even a reply the client failed to
+map to an ``ApiError``) keeps the last CRs seen, so the rules stay in force, and the session
+is tried again after a delay that doubles from 0.5 s up to ``backoff_max_seconds``, give or
+take 20 %: never at once, and with one log line, not a traceback per retry.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Callable, Dict
 
 import structlog
 
-from anolisnuma.cluster.kube_client import ApiError, KubeClient
+from anolisnuma.cluster.kube_client import ApiError, KubeClient, api_error
 from anolisnuma.cluster.oenumas import OenumaSet, resource_version
 from anolisnuma.controller import Controller
 
@@ -85,6 +86,11 @@ class OenumaWatcher(Controller):
                 self.interval = 0.01
                 return
             self._failed(e)
+            return
+        except Exception as e:  # noqa: BLE001 - whatever a reply made the client raise: backed off too
+            if self._stopping:
+                return
+            self._failed(api_error(e, "list or watch oenumas"))
             return
         self.failures_in_a_row = 0
         self.interval = 0.01 if self.resource_version else BACKOFF_FIRST

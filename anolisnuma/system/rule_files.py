@@ -1,5 +1,13 @@
 """The placement-rule directory: which YAML files it holds, whether they changed, their
-documents. Parsing what the documents mean is the policy's (``policies/numa/rules.py``)."""
+documents. Parsing what the documents mean is the policy's (``policies/numa/rules.py``).
+
+A rule file has the full power of the node's configuration (any namespace, any pod, a NUMA
+node's whole cpuset), so it is read like the configuration
+(:func:`anolisnuma.trusted_file.read_trusted_file`): a regular file only (a FIFO dropped
+there cannot block the re-read), at most 1 MiB, that only root may change, along its path
+too. A file someone else may change is skipped, named in the problems with who may change
+it and the command that fixes it; fixing it (``chmod``, ``chown``: the file's ctime moves)
+makes the next poll read it again."""
 
 from __future__ import annotations
 
@@ -7,6 +15,9 @@ import os
 from typing import Any, List, Tuple
 
 import yaml
+
+from anolisnuma.fileread import RefusedFile
+from anolisnuma.trusted_file import read_trusted_file
 
 RULE_FILE_SUFFIXES = (".yaml", ".yml")
 MAX_RULE_FILE = 1 << 20
@@ -29,29 +40,35 @@ class RuleDirectory:
         return sorted(n for n in names if n.endswith(RULE_FILE_SUFFIXES) and not n.startswith("."))
 
     def signature(self) -> Any:
-        """Changes whenever a rule file is added, removed, replaced or written."""
+        """Changes whenever a rule file is added, removed, replaced, written, or changes
+        owner or mode (so is the directory's owner and mode)."""
         out = []
         for n in self.names():
             try:
                 st = os.stat(os.path.join(self.path, n))
             except OSError:
                 continue
-            out.append((n, st.st_ino, st.st_size, st.st_mtime_ns))
-        return (self.exists(), tuple(out))
+            out.append((n, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+        try:
+            st = os.stat(self.path)
+            here: Any = (st.st_ino, st.st_ctime_ns)
+        except OSError:
+            here = None
+        return (self.exists(), here, tuple(out))
 
     def read(self) -> Tuple[List[Tuple[str, List[Any]]], List[str]]:
-        """``([(file path, its YAML documents)], problems)``: a file that cannot be read,
-        is larger than 1 MiB, is not UTF-8 or not YAML is named in the problems and skipped."""
+        """``([(file path, its YAML documents)], problems)``: a file that cannot be read or
+        trusted, is not a regular file, is larger than 1 MiB, is not UTF-8 or not YAML is
+        named in the problems and skipped."""
         files: List[Tuple[str, List[Any]]] = []
         problems: List[str] = []
         for name in self.names():
             path = os.path.join(self.path, name)
             try:
-                with open(path, "rb") as f:
-                    data = f.read(MAX_RULE_FILE + 1)
-                if len(data) > MAX_RULE_FILE:
-                    raise ValueError(f"larger than {MAX_RULE_FILE} bytes")
+                data = read_trusted_file(path, MAX_RULE_FILE).data
                 files.append((path, list(yaml.safe_load_all(data.decode("utf-8")))))
+            except RefusedFile as e:   # (its message starts with the path)
+                problems.append(f"rule file skipped: {' '.join(str(e).split())[:400]}")
             except (OSError, ValueError, yaml.YAMLError) as e:   # (UnicodeDecodeError is a ValueError)
                 problems.append(f"rule file {path} skipped: {' '.join(str(e).split())[:400]}")
         return files, problems

@@ -13,6 +13,17 @@ Under ``anolisnuma.socket`` the socket is systemd's (socket activation, see
 or unlinked, and closing it only closes this process's descriptor, so that connections
 made while the daemon restarts wait in the backlog systemd keeps. The lock file still
 keeps a second instance started by hand away.
+
+systemd's socket is checked as one the daemon binds would be (whoever may connect to it
+reaches containerd's root API): its directory, and every one above, must be changeable by
+root alone, as the preflight requires of ``server.listen``'s (else the daemon does not
+start, naming the directory and the fix), and so must the socket file (owned by root, no
+POSIX ACL letting another user in). A mode wider than ``server.socket_mode`` (a
+``SocketMode=0666`` drop-in, say) is narrowed to it, with a warning naming both: the
+kubelet (root) keeps its runtime, and no local user gains a way to it that the
+configuration does not grant. (Refusing to start would leave the node without a runtime
+for a mistake the daemon can undo; warning alone would leave the runtime open.) A group
+other than root's that may connect (``SocketGroup=``) is said in a warning.
 """
 
 from __future__ import annotations
@@ -27,7 +38,9 @@ from typing import Optional
 
 import structlog
 
+from anolisnuma import posix_acl
 from anolisnuma.transport import activation
+from anolisnuma.trusted_file import unsafe_along
 
 log = structlog.get_logger("anolisnuma.transport")
 
@@ -99,6 +112,7 @@ class UnixListener:
         for what in passed.ignored:
             log.warning("descriptor passed by systemd not used", descriptor=what)
         try:
+            self._check_passed()
             self._take_lock()
         except BaseException:
             passed.sock.close()
@@ -111,6 +125,45 @@ class UnixListener:
         self.sock = passed.sock
         log.info("listening on the socket passed by systemd (socket activation)", listen=self.path)
         return passed.sock
+
+    def _check_passed(self) -> None:
+        """systemd's socket, as the module docstring says: ListenerError when someone but
+        root may change it or its directories; its mode narrowed to ``self.mode``."""
+        path = self.path
+        try:
+            unsafe = unsafe_along(os.path.dirname(path), creates=True)   # (the lock file is made there)
+            st = os.lstat(path)
+            grants = posix_acl.named_grants(posix_acl.read_acl(path), posix_acl.WRITE, (0, os.geteuid()))
+        except FileNotFoundError:
+            log.warning("the socket systemd passed is not at its path any more: nobody can connect to it",
+                        systemd_socket=path)
+            return
+        except OSError as e:
+            raise ListenerError(f"cannot check who may reach the socket systemd passed, {path}: {e.strerror}") from e
+        if unsafe is not None:
+            raise ListenerError(f"the socket systemd passed, {path}: " + unsafe.describe(
+                "whoever may write there may swap the kubelet's socket for one of their own"))
+        if not stat.S_ISSOCK(st.st_mode):
+            raise ListenerError(f"{path}, where systemd's socket is bound, is not a socket any more")
+        if st.st_uid not in (0, os.geteuid()):
+            raise ListenerError(f"the socket systemd passed, {path}, is owned by uid {st.st_uid}: its owner may "
+                                f"open it to anyone; fix: SocketUser=root in anolisnuma.socket")
+        if grants:
+            raise ListenerError(f"the socket systemd passed, {path}, lets {', '.join(grants)} connect through a "
+                                f"POSIX ACL (every connection reaches containerd's root API); fix: setfacl -b {path}")
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & ~self.mode & 0o777:
+            narrowed = mode & self.mode
+            os.chmod(path, narrowed)
+            log.warning("the socket systemd passed let more users connect than server.socket_mode: narrowed to it "
+                        "(every connection reaches containerd's root API); fix SocketMode= in anolisnuma.socket",
+                        systemd_socket=path, socket_mode=f"{mode:04o}", narrowed_to=f"{narrowed:04o}",
+                        server_socket_mode=f"{self.mode:04o}")
+            mode = narrowed
+        if mode & 0o020 and st.st_gid not in (0, os.getegid()):
+            log.warning("members of the socket's group may connect to the socket systemd passed: through it they "
+                        "reach containerd's root API (SocketGroup= of anolisnuma.socket)", systemd_socket=path,
+                        gid=st.st_gid)
 
     def _take_lock(self) -> None:
         """Lock ``<socket>.lock`` and write our pid into it.

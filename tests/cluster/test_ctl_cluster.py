@@ -28,6 +28,30 @@ def test_ctl_kubeconfig_writes_a_working_kubeconfig(cluster: Cluster, tmp_path) 
     assert code == 1 and "401" in err
 
 
+def test_ctl_kubeconfig_replaces_nothing_until_what_it_wrote_works(cluster: Cluster, tmp_path) -> None:
+    """A token the API server refuses (with --check), a token file of two lines, a CA that
+    is a FIFO: each is said, and the kubeconfig the daemon uses stays as it was."""
+    token_file = json.loads(open(cluster.kubeconfig).read())["users"][0]["user"]["tokenFile"]
+    out = tmp_path / "etc" / "kubeconfig"
+    args = ["kubeconfig", "--server", cluster.cp.server, "--ca", cluster.cp.ca_file, "--out", str(out)]
+    code, _, err = ctl(*args, "--token-file", token_file, "--check")
+    assert code == 0, err
+    good = out.read_bytes()
+    bad = tmp_path / "bad.token"
+    bad.write_text("not-a-token\n")
+    code, text, err = ctl(*args, "--token-file", str(bad), "--check")
+    assert code == 1 and "401" in err and err.endswith(f"{out} left as it was\n") and "wrote" not in text
+    two = tmp_path / "two.token"
+    two.write_text("secret-line-one\nsecret-line-two\n")
+    code, _, err = ctl(*args, "--token-file", str(two))
+    assert code == 1 and f"tokenFile {two} holds 2 lines" in err and "secret-line" not in err
+    fifo = tmp_path / "ca.fifo"
+    os.mkfifo(fifo)
+    code, _, err = ctl(*args[:4], str(fifo), *args[5:], "--token-file", token_file)
+    assert code == 1 and f"{fifo} is not a regular file (a FIFO)" in err
+    assert out.read_bytes() == good
+
+
 def test_ctl_status_shows_the_api_server_link(cluster: Cluster, node: Node) -> None:
     cluster.apply(oenuma("status-demo", node.name, {"demo-*": 1}))
     wait_until(lambda: node.link.status()["rules"], "the CR's rules in force")

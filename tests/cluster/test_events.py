@@ -51,3 +51,37 @@ def test_events_past_the_burst_are_dropped_per_object(cluster: Cluster) -> None:
     assert taken == [True] * BURST + [False] * 5 and rec.dropped_rate == 5
     assert rec.record(Event(oenuma_regarding("batch", "other", ""), "Normal", "Test", "Test", "x"))
     assert rec.run_once() == BURST + 1 and rec.sent == BURST + 1, getattr(rec, "last_error", "")
+
+
+def test_pods_a_cr_releases_are_told_where_they_went_and_a_cr_made_again_tells_again(
+        cluster: Cluster, node: Node) -> None:
+    keep, drop = node.kubelet.run("rel-0"), node.kubelet.run("rel-1")
+    cluster.apply(oenuma("rel", node.name, {"rel-0": 3, "rel-1": 2}))
+    wait_until(lambda: node.settled(keep, (3,)) and node.settled(drop, (2,)), "both pods pinned")
+
+    def released(pod) -> list:
+        return [e for e in events_about(cluster, "batch", pod.name) if e["reason"] == "NumaReleased"]
+
+    def where(pod) -> str:
+        a = node.placement.ledger.get(pod.uid)
+        return (f"NUMA node {','.join(map(str, a.nodes))}, cpuset {a.cpus(node.placement.shared_pool)}, "
+                f"memset {a.mems}")
+
+    # the pod's entry removed from the CR: that pod alone is released, to balance
+    cluster.apply(oenuma("rel", node.name, {"rel-0": 3}))
+    ev = wait_until(lambda: released(drop), "the released pod's event")[0]
+    assert ev["type"] == "Normal" and ev["regarding"]["uid"] == drop.uid and ev["action"] == "Release"
+    assert ev["note"] == f"{node.name}: Oenuma batch/rel no longer pins it: back to balance: {where(drop)}"
+    assert not released(keep)
+
+    # the CR deleted: its last pod is released
+    cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "rel")
+    ev = wait_until(lambda: released(keep), "the event of the pod the deleted CR released")[0]
+    assert ev["note"] == f"{node.name}: Oenuma batch/rel no longer pins it: back to balance: {where(keep)}"
+
+    # made again: it pins the pod again, and says so again (the same event, counted in its series)
+    cluster.apply(oenuma("rel", node.name, {"rel-0": 3}))
+    wait_until(lambda: [e for e in events_about(cluster, "batch", "rel-0") if e["reason"] == "NumaRepinned"
+                        and (e.get("series") or {}).get("count") == 2], "the re-pin told again")
+    assert node.link.status()["pods_released"] == 2
+    cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "rel")

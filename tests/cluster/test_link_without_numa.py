@@ -42,6 +42,7 @@ def test_qos_without_numa_sends_its_events_and_publishes_no_topology(cluster: Cl
                        "the pod's QosApplied event")
     ev = found[0]
     assert ev["type"] == "Normal" and ev["regarding"]["uid"] == uid
+    assert ev["reportingController"] == "anolisnuma.io/qos"   # (a QoS decision: not NUMA's name)
     assert ev["note"].startswith(f"{name}: QoS level BE (annotation anolisbox.sh/qoslevel=BE): ")
     assert not any(e["reason"].startswith("Numa") for e in pod_events(cluster, "nonuma-web"))
 

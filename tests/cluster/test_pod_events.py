@@ -29,6 +29,15 @@ def test_numa_placed_says_where_and_why() -> None:
                        "manager; left as the kubelet set them")
 
 
+def test_qos_events_come_from_the_qos_component_numa_events_from_numa() -> None:
+    qos = [QosApplied(POD, "BE", "annotation", knobs=(("memory.priority", 0),)), QosApplied(POD, "LS", "class"),
+           QosApplied(POD, "BE", "x", refused=("EROFS",)), QosSkipped(POD, "cgroup_parent not recognized")]
+    assert {pod_event(d, "n1").controller for d in qos} == {"anolisnuma.io/qos"}
+    numa = [NumaPlaced(POD, (2,), "4-5", "2", "balance"), NumaMoved(POD, (0,), (3,), "batch/db-0", 1.0),
+            NumaMoveFailed(POD, (3,), (0,), "x")]
+    assert {pod_event(d, "n1").controller for d in numa} == {"anolisnuma.io/numa"}
+
+
 def test_moves_say_the_peer_the_rate_and_a_rollback_is_a_warning() -> None:
     ev = pod_event(NumaMoved(POD, (0,), (3,), "batch/db-0", 12_345_678.0, "join"), "n1")
     assert (ev.type, ev.reason) == ("Normal", "NumaMoved")

@@ -66,7 +66,8 @@ def test_the_node_publishes_its_zones_and_they_follow_placements(cluster: Cluste
         def changed() -> Any:
             o = published(cluster, name)
             return o is not None and zone_resources(o)[zone]["cpu"][2] != "2" and o
-        obj = wait_until(changed, "the zone's available CPU changed")
+        # (the object is on the API server a moment before the publisher counts its apply)
+        obj = wait_until(lambda: publisher.publishes > publishes and changed(), "the zone's available CPU changed")
         res = zone_resources(obj)
         assert res[zone] == {"cpu": ("2", "2", "1"), "memory": (gib4, gib4, str(3 * 1024 ** 3))}
         assert all(res[f"node-{n}"]["cpu"] == ("2", "2", "2") for n in range(4) if n != placed[0])

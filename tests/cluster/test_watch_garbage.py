@@ -164,3 +164,21 @@ def test_a_list_slower_than_the_request_timeout_fails_within_it(server) -> None:
     took = time.monotonic() - started
     assert w.state == "down" and "Timeout" in w.last_error
     assert took < 3 * w.client.timeout, took
+
+
+def test_a_reply_nested_past_the_decoder_takes_the_backoff_too(server) -> None:
+    """JSON nested deeper than the decoder goes raises RecursionError, not a ValueError:
+    a failure all the same, backed off (not a retry at once with a traceback each)."""
+    script, w, crs = server
+    w.run_once()
+    w.resource_version = ""
+    deep = b'{"items": ' + b"[" * 100_000 + b"]" * 100_000 + b', "metadata": {"resourceVersion": "6"}}'
+    script.list = lambda h: h.reply(200, deep)
+    w.run_once()
+    assert w.state == "down" and "RecursionError" in w.last_error and len(crs.mine()[1]) == 1
+    assert 0.5 * 0.8 <= w.interval <= 0.5 * 1.2
+    script.watch = lambda h: h.reply(200, b"", chunks=[b'{"type": "ADDED", "object": ' + b"[" * 100_000 +
+                                                       b"]" * 100_000 + b"}\n"])
+    w.resource_version = "5"
+    w.run_once()
+    assert w.failures_in_a_row == 2 and "RecursionError" in w.last_error and 1.0 * 0.8 <= w.interval <= 1.0 * 1.2

@@ -18,7 +18,7 @@ daemon imports these for the kubelet's cgroup settings)
     config_yaml.py     the kubelet's config files: PyYAML to read, one-line edits of the key
     endpoints.py       whether two endpoints name the same socket
     view.py            inspect(): which endpoint wins, from where (the precedence is there)
-    cgroups.py         the kubelet's cgroupRoot and cgroupDriver from the same view
+    cgroups.py         the kubelet's cgroupRoot, cgroupDriver and reserved CPUs from the same view
 
 changing it
     flag_text.py       the endpoint flag rewritten in place, and put back
@@ -32,14 +32,15 @@ the commands
     ours.py            our socket and runtime, from anolisnuma's config
     status.py, enable.py, disable.py, cli.py (arguments and exit codes; also __main__.py)
 
-Only the reader the daemon uses is re-exported here (system/pod_cgroups.py takes the
-kubelet's cgroup settings through it); everything else is imported from its room.
+Only the readers the daemon uses are re-exported here (system/pod_cgroups.py takes the
+kubelet's cgroup settings through it, the NodeResourceTopology its reserved CPUs);
+everything else is imported from its room.
 """
 
 from __future__ import annotations
 
-from anolisnuma.ctl.kubelet.cgroups import cgroup_settings
+from anolisnuma.ctl.kubelet.cgroups import cgroup_settings, reserved_cpus
 from anolisnuma.ctl.kubelet.node_root import Root
 from anolisnuma.ctl.kubelet.view import inspect
 
-__all__ = ["Root", "cgroup_settings", "inspect"]
+__all__ = ["Root", "cgroup_settings", "inspect", "reserved_cpus"]
