@@ -117,6 +117,8 @@ def test_two_nodes_write_one_crs_status_at_once(cluster: Cluster) -> None:
     # a node that stops reporting on the CR (it no longer names it) takes its entry away
     assert reporters[0].report([], NoPods()) == 1
     assert [e["name"] for e in cluster.oenuma("batch", "shared")["status"]["nodes"]] == [names[1]]
+    assert reporters[1].report([], NoPods()) == 1, reporters[1].last_error    # (the last one too)
+    assert not cluster.oenuma("batch", "shared").get("status", {}).get("nodes")
     cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "shared")
 
 
