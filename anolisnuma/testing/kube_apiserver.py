@@ -192,6 +192,10 @@ class PrivateControlPlane:
             f"--service-account-key-file={p}/sa.pub", f"--service-account-signing-key-file={p}/sa.key",
             "--service-cluster-ip-range=10.96.0.0/24",
             "--authorization-mode=RBAC",
+            # ValidatingAdmissionPolicy is alpha in v1.26: on, so that deploy/'s node policy
+            # (deploy/node-policy-v1alpha1.yaml) is enforced here as on a cluster that runs it
+            "--feature-gates=ValidatingAdmissionPolicy=true",
+            "--runtime-config=admissionregistration.k8s.io/v1alpha1=true",
             f"--cert-dir={self.base_dir}/apiserver-certs",
             "--profiling=false", "--enable-priority-and-fairness=false",
             "--v=0"])
