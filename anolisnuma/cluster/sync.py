@@ -164,11 +164,14 @@ class ClusterSync(Controller):
         if moved:
             self.repins += moved
             self.wake_repin()
+        # (pending when the entries are made: the re-pinner may finish while they are written,
+        # and an entry that says "Pending" is followed by the outcome all the same)
+        pending = bool(self.placement.pending_pods())
         if self.reporter is not None:
             with self._lock:
                 changed, self._unreported = self._unreported, {}
             self.reporter.report(self.current, self.placement, interrupted=self._wake.is_set, changed=changed)
-        self.interval = PENDING_INTERVAL if self.placement.pending_pods() else self.every
+        self.interval = PENDING_INTERVAL if pending or self.placement.pending_pods() else self.every
         return moved
 
     def counts(self) -> Dict[str, int]:
