@@ -5,7 +5,8 @@
 loopback ports with their own data dirs and certificates (made with ``openssl``: a CA, the
 server's certificate for 127.0.0.1, an admin client certificate in ``system:masters``, the
 service-account key pair), with RBAC authorization, so what a ClusterRole does not grant
-is refused as it would be on a real cluster. :meth:`~PrivateControlPlane.stop_apiserver` /
+is refused as it would be on a real cluster, and ValidatingAdmissionPolicy on (alpha in
+v1.26: its feature gate and API version), so deploy/'s node policy is enforced. :meth:`~PrivateControlPlane.stop_apiserver` /
 :meth:`~PrivateControlPlane.start_apiserver` restart the API server on the same port and
 etcd data (an API server outage); :meth:`~PrivateControlPlane.close` stops both and removes
 everything.
