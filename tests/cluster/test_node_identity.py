@@ -41,6 +41,11 @@ def entry(node: str, summary: str = "1/1 pods pinned") -> Dict[str, Any]:
             "pods": [{"namespace": "batch", "name": "web-0", "state": "Pinned", "cpuset": "4-5"}]}
 
 
+def naming_both(cr: str, a: str, b: str) -> str:
+    """An Oenuma naming node ``b``, then node ``a``."""
+    return oenuma(cr, a, {"web-0": 2}).replace('"spec": {"node": [', f'"spec": {{"node": [{{"name": "{b}"}}, ')
+
+
 def status_apply(cluster: Cluster, node: str, cr: str, status: Optional[Dict[str, Any]],
                  manager: str) -> Tuple[int, str]:
     """A server-side apply of ``status`` (None: nothing, which takes away all the field
@@ -60,8 +65,9 @@ def status_of(cluster: Cluster, cr: str) -> Dict[str, Any]:
 def test_a_node_may_not_forge_nor_erase_another_nodes_status_entry(cluster: Cluster) -> None:
     a, b = two_nodes(cluster)
     cr = f"id-{a}"
-    cluster.apply(oenuma(cr, a, {"web-0": 2}).replace('"spec": {"node": [', f'"spec": {{"node": [{{"name": "{b}"}}, '))
-    assert status_apply(cluster, b, cr, {"summary": f"{b}, gen 1: ok", "nodes": [entry(b)]}, f"anolisnuma/{b}")[0] == 200
+    cluster.apply(naming_both(cr, a, b))
+    theirs = {"summary": f"{b}, gen 1: ok", "nodes": [entry(b)]}
+    assert status_apply(cluster, b, cr, theirs, f"anolisnuma/{b}")[0] == 200
     b_entry = status_of(cluster, cr)["nodes"]
 
     forged = {"summary": f"{a}, gen 1: ok", "nodes": [entry(a), entry(b, "0/1 pods pinned")]}
@@ -74,7 +80,8 @@ def test_a_node_may_not_forge_nor_erase_another_nodes_status_entry(cluster: Clus
     assert status_of(cluster, cr)["nodes"] == b_entry
 
     # its own entry, as the daemon writes it: allowed, beside B's
-    assert status_apply(cluster, a, cr, {"summary": f"{a}, gen 1: ok", "nodes": [entry(a)]}, f"anolisnuma/{a}")[0] == 200
+    own = {"summary": f"{a}, gen 1: ok", "nodes": [entry(a)]}
+    assert status_apply(cluster, a, cr, own, f"anolisnuma/{a}")[0] == 200
     assert [e["name"] for e in status_of(cluster, cr)["nodes"]] == [b, a]
     cluster.cp.kubectl("delete", "oenuma", "-n", "batch", cr)
 
@@ -85,7 +92,7 @@ def test_a_node_may_not_keep_another_nodes_entry_alive_nor_speak_for_it(cluster:
     took it away. And status.summary says which node reported last."""
     a, b = two_nodes(cluster)
     cr = f"id-{a}"
-    cluster.apply(oenuma(cr, a, {"web-0": 2}).replace('"spec": {"node": [', f'"spec": {{"node": [{{"name": "{b}"}}, '))
+    cluster.apply(naming_both(cr, a, b))
     assert status_apply(cluster, b, cr, {"nodes": [entry(b)]}, f"anolisnuma/{b}")[0] == 200
     same = status_of(cluster, cr)["nodes"][0]
     for manager in (f"anolisnuma/{a}", "kubectl"):
