@@ -68,6 +68,7 @@ class StandInKubelet:
         self.node = node
         self.kubelet = Kubelet(cri_address)
         self.ran: Set[str] = set()            # pod UIDs run through the CRI endpoint
+        self._namespaces: Set[str] = set()    # namespace UIDs given their default ServiceAccount
         self.errors = 0
         self.last_error = ""
         self._stop = threading.Event()
@@ -99,7 +100,9 @@ class StandInKubelet:
 
     def pass_once(self) -> None:
         for ns in self.cp.request("GET", "/api/v1/namespaces")["items"]:
-            self._default_service_account(ns["metadata"]["name"])
+            if ns["metadata"]["uid"] not in self._namespaces:
+                self._default_service_account(ns["metadata"]["name"])
+                self._namespaces.add(ns["metadata"]["uid"])
         pods = self.cp.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{self.node}")["items"]
         for pod in pods:
             if pod["metadata"]["uid"] not in self.ran and not pod["metadata"].get("deletionTimestamp"):

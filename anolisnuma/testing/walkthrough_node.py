@@ -145,6 +145,20 @@ class WalkthroughNode:
         """What ``systemctl restart anolisnuma`` does (:func:`restart_daemon`)."""
         restart_daemon(self.env("node"))
 
+    def logs(self, size: int = 3000) -> str:
+        """The end of the daemon's stderr and log file, and the stand-in kubelet's last error
+        (for a failure's message)."""
+        out = []
+        for path in (self.daemon_log, self.config.get("log", {}).get("file", "")):
+            try:
+                with open(path, "rb") as f:
+                    out.append(f"--- {path}\n" + f.read()[-size:].decode(errors="replace"))
+            except OSError:
+                pass
+        if self.kubelet is not None and self.kubelet.last_error:
+            out.append(f"--- stand-in kubelet: {self.kubelet.errors} errors, the last: {self.kubelet.last_error}")
+        return "\n".join(out)
+
     def close(self) -> List[str]:
         """Stop everything; what could not be stopped."""
         problems = []

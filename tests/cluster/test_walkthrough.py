@@ -51,7 +51,7 @@ def run_step(node: WalkthroughNode, step: Step) -> None:
         return
     if step.kind == "sh":
         done = node.run(step.role, text)
-        assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stdout}{done.stderr}"
+        assert done.returncode == 0, f"{where}: exit {done.returncode}\n{done.stdout}{done.stderr}\n{node.logs()}"
         return
     for command in console_commands(text):
         last: Dict[str, Any] = {}
@@ -64,7 +64,8 @@ def run_step(node: WalkthroughNode, step: Step) -> None:
         except AssertionError:
             done = last["done"]
             raise AssertionError(f"{where}: `{command.text}` exit {done.returncode}\nshown:\n"
-                                 + "\n".join(command.expected) + f"\nprinted:\n{done.stdout}{done.stderr}") from None
+                                 + "\n".join(command.expected) + f"\nprinted:\n{done.stdout}{done.stderr}\n"
+                                 + node.logs()) from None
 
 
 def test_the_document_marks_an_install_and_a_session() -> None:
