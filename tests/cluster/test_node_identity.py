@@ -126,6 +126,9 @@ def test_a_node_may_publish_only_its_own_topology_object(cluster: Cluster) -> No
                    "anolisnuma-node-topology")
     assert node_request(cluster.cp, a, "DELETE", f"{NRTS}/{b}", {})[0] == 403     # (RBAC: no delete)
     assert cluster.cp.request("GET", f"{NRTS}/{b}")["zones"] == []
+    # anyone but a node identity is not looked at: an admin may still write (or remove) it
+    cluster.cp.request("PATCH", f"{NRTS}/{b}", {"zones": [{"name": "node-0", "type": "Node"}]}, content_type=MERGE)
+    cluster.cp.request("DELETE", f"{NRTS}/{b}")
 
 
 def event(name: str, instance: str, regarding: Dict[str, str], controller: str = "anolisnuma.io/numa",
