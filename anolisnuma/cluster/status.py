@@ -95,9 +95,12 @@ def apply_body(cr: CrRules, entry: Optional[Dict[str, Any]], node_name: str, now
                api_version: str, kind: str) -> Dict[str, Any]:
     """The server-side apply body for ``/status``: this node's entry (None removes it:
     what a field manager stops applying is dropped) and the one-line report."""
-    status: Dict[str, Any] = {}
+    body: Dict[str, Any] = {"apiVersion": api_version, "kind": kind,
+                            "metadata": {"name": cr.key[1], "namespace": cr.key[0]}}
     if entry is not None:
-        status = {"summary": f"{node_name}, gen {cr.generation}: {entry['summary']}",
-                  "nodes": [dict(entry, lastUpdateTime=now)]}
-    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": cr.key[1], "namespace": cr.key[0]},
-            "status": status}
+        body["status"] = {"summary": f"{node_name}, gen {cr.generation}: {entry['summary']}",
+                          "nodes": [dict(entry, lastUpdateTime=now)]}
+    # (no status at all, not an empty one: applying `status: {}` makes the manager hold the
+    # map, and when it held the last entry the API server is left with `status: null`,
+    # which the CRD's schema refuses: the last node's entry could never be taken away)
+    return body

@@ -164,14 +164,17 @@ class ClusterSync(Controller):
         if moved:
             self.repins += moved
             self.wake_repin()
+        # (pending when the entries are made: the re-pinner may finish while they are written,
+        # and an entry that says "Pending" is followed by the outcome all the same)
+        pending = bool(self.placement.pending_pods())
         if self.reporter is not None:
             with self._lock:
                 changed, self._unreported = self._unreported, {}
             self.reporter.report(self.current, self.placement, interrupted=self._wake.is_set, changed=changed)
-        # (the re-pinner may have applied the moves while the report was made: an entry it
-        # wrote "Pending", or a release it waits to tell, is followed up soon all the same)
+        # (the re-pinner may also have applied the moves while the report was made: an entry
+        # it wrote "Pending", or a release it waits to tell, is followed up soon all the same)
         awaiting = self.reporter is not None and self.reporter.awaiting
-        self.interval = PENDING_INTERVAL if awaiting or self.placement.pending_pods() else self.every
+        self.interval = PENDING_INTERVAL if pending or awaiting or self.placement.pending_pods() else self.every
         return moved
 
     def counts(self) -> Dict[str, int]:

@@ -1,8 +1,8 @@
 """``anolisnuma-ctl kubeconfig``: write the daemon's kubeconfig from a token and the CA.
 
-The kubelet's own credentials (``system:node``) cannot list custom resources, so the daemon
-uses a ServiceAccount of its own (deploy/rbac.yaml). Its token and the cluster's CA come
-from the Secret of deploy/token-secret.yaml; this writes the file ``[kubernetes]
+Each node's daemon has an identity of its own: the ServiceAccount named as the node in
+anolisnuma-nodes (deploy/rbac.yaml, deploy/node-policy.yaml), whose token and the cluster's
+CA are put on the node (docs/cluster.md, "Install"); this writes the file ``[kubernetes]
 kubeconfig`` names (mode 0600, atomically), the CA embedded and the token by file (read at
 each connection: a new token takes effect without a restart), and with ``--check`` asks
 the API server for the Oenuma CRs with it, so a wrong server, CA, token or binding shows

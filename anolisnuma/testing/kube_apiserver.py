@@ -5,7 +5,8 @@
 loopback ports with their own data dirs and certificates (made with ``openssl``: a CA, the
 server's certificate for 127.0.0.1, an admin client certificate in ``system:masters``, the
 service-account key pair), with RBAC authorization, so what a ClusterRole does not grant
-is refused as it would be on a real cluster. :meth:`~PrivateControlPlane.stop_apiserver` /
+is refused as it would be on a real cluster, and ValidatingAdmissionPolicy on (alpha in
+v1.26: its feature gate and API version), so deploy/'s node policy is enforced. :meth:`~PrivateControlPlane.stop_apiserver` /
 :meth:`~PrivateControlPlane.start_apiserver` restart the API server on the same port and
 etcd data (an API server outage); :meth:`~PrivateControlPlane.close` stops both and removes
 everything.
@@ -192,6 +193,10 @@ class PrivateControlPlane:
             f"--service-account-key-file={p}/sa.pub", f"--service-account-signing-key-file={p}/sa.key",
             "--service-cluster-ip-range=10.96.0.0/24",
             "--authorization-mode=RBAC",
+            # ValidatingAdmissionPolicy is alpha in v1.26: on, so that deploy/'s node policy
+            # (deploy/node-policy-v1alpha1.yaml) is enforced here as on a cluster that runs it
+            "--feature-gates=ValidatingAdmissionPolicy=true",
+            "--runtime-config=admissionregistration.k8s.io/v1alpha1=true",
             f"--cert-dir={self.base_dir}/apiserver-certs",
             "--profiling=false", "--enable-priority-and-fairness=false",
             "--v=0"])

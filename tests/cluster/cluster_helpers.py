@@ -1,13 +1,16 @@
-"""Helpers of the cluster tests: the control plane handle, a kubelet-like CRI client, a
-daemon on a fake 4-node topology with FakeCri as containerd and ``[kubernetes]`` on (with a
-whole fake host for the QoS knobs, :func:`fake_host_node`), and Oenuma manifests."""
+"""Helpers of the cluster tests: the control plane handle (with each node's own identity,
+:meth:`Cluster.node_kubeconfig`), a kubelet-like CRI client, a daemon on a fake 4-node
+topology with FakeCri as containerd and ``[kubernetes]`` on (with a whole fake host for the
+QoS knobs, :func:`fake_host_node`), and Oenuma manifests."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import ssl
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -20,12 +23,15 @@ from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.fake_kernel import FakeKernel
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.kubelet_client import PERIOD, Kubelet, Pod, sent_cpusets
-from anolisnuma.testing.kube_apiserver import PrivateControlPlane
+from anolisnuma.testing.kube_apiserver import PrivateControlPlane, kubeconfig_text
 from anolisnuma.testing.proxy import REPO_ROOT, InProcessProxy, config_dict, write_config
+from anolisnuma.testing.waiting import wait_until
 from cri_proto import api_pb2 as pb
 
 DEPLOY = os.path.join(REPO_ROOT, "deploy")
-SA_NAMESPACE = "anolisnuma-system"
+NODES_NAMESPACE = "anolisnuma-nodes"     # one ServiceAccount per node (deploy/rbac.yaml)
+# what the API server of tests/cluster (v1.26) is given of deploy/, in this order
+INSTALL = ("crd-oenuma.yaml", "crd-noderesourcetopology.yaml", "rbac.yaml", "node-policy-v1alpha1.yaml")
 # 4 NUMA nodes of 2 CPUs each
 TOPOLOGY = FakeTopology(name="4x2", node_cpus={0: "0-1", 1: "2-3", 2: "4-5", 3: "6-7"},
                         distances=[[10, 20, 20, 20], [20, 10, 20, 20], [20, 20, 10, 20], [20, 20, 20, 10]],
@@ -35,7 +41,12 @@ TOPOLOGY = FakeTopology(name="4x2", node_cpus={0: "0-1", 1: "2-3", 2: "4-5", 3: 
 @dataclass
 class Cluster:
     cp: PrivateControlPlane
-    kubeconfig: str           # the anolisnuma ServiceAccount's
+
+    def node_kubeconfig(self, node: str) -> str:
+        """A kubeconfig of ``node``'s own identity, as docs/cluster.md installs it: the
+        ServiceAccount named after the node in anolisnuma-nodes (made if absent) and a
+        token of the TokenRequest API, by ``tokenFile``."""
+        return node_kubeconfig(self.cp, node)
 
     def apply(self, doc: str) -> None:
         self.cp.kubectl("apply", "-f", "-", input=doc)
@@ -83,6 +94,57 @@ class Node:
         want = str(self.placement.ledger.get(pod.uid).cpus(self.placement.shared_pool))
         return all(self.repinned(cid)[-1:] == [want] for cid in pod.containers.values()) \
             and not self.placement.pending_updates()
+
+
+def node_kubeconfig(cp: PrivateControlPlane, node: str, hours: int = 4) -> str:
+    """See :meth:`Cluster.node_kubeconfig`; the files are in the control plane's directory."""
+    accounts = f"/api/v1/namespaces/{NODES_NAMESPACE}/serviceaccounts"
+    try:
+        cp.request("POST", accounts, {"metadata": {"name": node}})
+    except urllib.error.HTTPError as e:
+        if e.code != 409:   # (AlreadyExists: a node started again)
+            raise
+    token = cp.request("POST", f"{accounts}/{node}/token",
+                       {"spec": {"expirationSeconds": hours * 3600}})["status"]["token"]
+    token_file = os.path.join(cp.base_dir, f"{node}.token")
+    with open(token_file, "w") as f:
+        f.write(token + "\n")
+    path = os.path.join(cp.base_dir, f"{node}.kubeconfig")
+    with open(path, "w") as f:
+        f.write(kubeconfig_text(cp.server, cp.ca_file, token_file=token_file, user=node))
+    return path
+
+
+def node_request(cp: PrivateControlPlane, node: str, method: str, path: str, body: Any,
+                 content_type: str = "application/json") -> Tuple[int, str]:
+    """One request with ``node``'s own token (its ServiceAccount, made by
+    :func:`node_kubeconfig`): (HTTP status, the API server's message)."""
+    with open(os.path.join(cp.base_dir, f"{node}.token")) as f:
+        token = f.read().strip()
+    req = urllib.request.Request(cp.server + path, data=json.dumps(body).encode(), method=method, headers={
+        "Content-Type": content_type, "Accept": "application/json", "Authorization": f"Bearer {token}"})
+    ctx = ssl.create_default_context(cafile=cp.ca_file)
+    try:
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as reply:
+            return reply.status, ""
+    except urllib.error.HTTPError as e:
+        text = e.read().decode(errors="replace")
+        try:
+            return e.code, json.loads(text).get("message", text)
+        except ValueError:
+            return e.code, text
+
+
+def wait_node_policy(cp: PrivateControlPlane) -> None:
+    """deploy/node-policy*.yaml enforced: a policy takes effect a moment after it is made
+    (the API server's informers see it), so a node's write of another node's topology
+    object is tried (a dry run) until it is refused."""
+    node_kubeconfig(cp, "policy-probe")
+    body = {"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+            "metadata": {"name": "not-policy-probe"}, "zones": [], "topologyPolicies": ["None"]}
+    wait_until(lambda: node_request(cp, "policy-probe", "POST",
+                                    "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies?dryRun=All",
+                                    body)[0] == 403, "the node policy enforced")
 
 
 def start_node(base: str, sockdir: str, kubeconfig: str, name: str, **kubernetes: Any) -> Node:

@@ -1,5 +1,5 @@
-"""What an operator types: ``anolisnuma-ctl kubeconfig`` from the ServiceAccount's token
-and the CA, and ``anolisnuma-ctl status`` showing the API server link."""
+"""What an operator types: ``anolisnuma-ctl kubeconfig`` from the node's ServiceAccount
+token and the CA, and ``anolisnuma-ctl status`` showing the API server link."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from anolisnuma.testing.waiting import wait_until
 
 
 def test_ctl_kubeconfig_writes_a_working_kubeconfig(cluster: Cluster, tmp_path) -> None:
-    creds = json.loads(open(cluster.kubeconfig).read())
+    creds = json.loads(open(cluster.node_kubeconfig("ctl-node")).read())
     token_file = creds["users"][0]["user"]["tokenFile"]
     out = str(tmp_path / "etc" / "kubeconfig")
     code, text, err = ctl("kubeconfig", "--server", cluster.cp.server, "--ca", cluster.cp.ca_file,
@@ -77,7 +77,8 @@ def test_a_rotated_token_file_is_picked_up_without_a_new_client(cluster: Cluster
     from anolisnuma.cluster.kubeconfig import load_kubeconfig
     from anolisnuma.testing.kube_apiserver import kubeconfig_text
 
-    good = open(json.loads(open(cluster.kubeconfig).read())["users"][0]["user"]["tokenFile"]).read()
+    creds = json.loads(open(cluster.node_kubeconfig("rotating-node")).read())
+    good = open(creds["users"][0]["user"]["tokenFile"]).read()
     token = tmp_path / "token"
     token.write_text("expired-token\n")
     path = tmp_path / "kubeconfig"

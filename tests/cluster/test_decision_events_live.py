@@ -32,7 +32,7 @@ def qnode(cluster: Cluster, tmp_path: Any, sockdir: str) -> Iterator[FakeHostNod
             str(tmp_path), sockdir, name,
             numa={"enabled": True, "namespaces": ["batch"], "node_name": name, "poll_interval_seconds": 0.1},
             qos={"enabled": True, "reconcile_interval_seconds": 1.0},
-            kubernetes={"kubeconfig": cluster.kubeconfig, "request_timeout_seconds": 3.0,
+            kubernetes={"kubeconfig": cluster.node_kubeconfig(name), "request_timeout_seconds": 3.0,
                         "watch_timeout_seconds": 30.0, "backoff_max_seconds": 1.0},
             metrics={"listen": "127.0.0.1:0"}) as node:
         yield node

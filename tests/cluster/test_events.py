@@ -45,7 +45,7 @@ def test_events_past_the_burst_are_dropped_per_object(cluster: Cluster) -> None:
     from anolisnuma.cluster.kube_client import KubeClient
     from anolisnuma.cluster.kubeconfig import load_kubeconfig
 
-    rec = EventRecorder(KubeClient(load_kubeconfig(cluster.kubeconfig), 5.0), "n1", clock=lambda: 1000.0)
+    rec = EventRecorder(KubeClient(load_kubeconfig(cluster.node_kubeconfig("n1")), 5.0), "n1", clock=lambda: 1000.0)
     about = oenuma_regarding("batch", "flood", "")
     taken = [rec.record(Event(about, "Normal", "Test", "Test", f"n{i}")) for i in range(BURST + 5)]
     assert taken == [True] * BURST + [False] * 5 and rec.dropped_rate == 5

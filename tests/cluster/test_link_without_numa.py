@@ -29,7 +29,7 @@ def qos_only(cluster: Cluster, tmp_path: Any, sockdir: str) -> Iterator[FakeHost
             admin={"socket": os.path.join(sockdir, "admin.sock")},
             numa={"enabled": False},
             qos={"enabled": True, "reconcile_interval_seconds": 1.0},
-            kubernetes={"kubeconfig": cluster.kubeconfig, "node_name": name, "request_timeout_seconds": 3.0,
+            kubernetes={"kubeconfig": cluster.node_kubeconfig(name), "node_name": name, "request_timeout_seconds": 3.0,
                         "topology": True}) as node:
         yield node
 

@@ -78,7 +78,8 @@ def test_a_cr_with_garbage_fields_is_reported_and_skipped_the_others_apply(clust
 
 
 def test_two_nodes_write_one_crs_status_at_once(cluster: Cluster) -> None:
-    """Server-side apply under one field manager per node: entries are merged by node name."""
+    """Server-side apply under one field manager per node, each with its own identity:
+    entries are merged by node name."""
     import threading
 
     from anolisnuma.cluster.kube_client import KubeClient
@@ -89,7 +90,6 @@ def test_two_nodes_write_one_crs_status_at_once(cluster: Cluster) -> None:
     names = [f"node-{i}" for i in range(2)]
     cluster.apply(oenuma("shared", names[0], {"x": 0}).replace(
         '"spec": {"node": [', f'"spec": {{"node": [{{"name": "{names[1]}"}}, '))
-    creds = load_kubeconfig(cluster.kubeconfig)
 
     class NoPods:   # a placement service with nothing placed
         shared_pool = None
@@ -99,7 +99,7 @@ def test_two_nodes_write_one_crs_status_at_once(cluster: Cluster) -> None:
         rule_failure = staticmethod(lambda uid: "")
 
     cr = CrRules(key=("batch", "shared"), generation=1, uid="")
-    reporters = [StatusReporter(KubeClient(creds, 5.0), n) for n in names]
+    reporters = [StatusReporter(KubeClient(load_kubeconfig(cluster.node_kubeconfig(n)), 5.0), n) for n in names]
     barrier = threading.Barrier(2)
 
     def write(r: StatusReporter) -> None:
@@ -117,11 +117,14 @@ def test_two_nodes_write_one_crs_status_at_once(cluster: Cluster) -> None:
     # a node that stops reporting on the CR (it no longer names it) takes its entry away
     assert reporters[0].report([], NoPods()) == 1
     assert [e["name"] for e in cluster.oenuma("batch", "shared")["status"]["nodes"]] == [names[1]]
+    assert reporters[1].report([], NoPods()) == 1, reporters[1].last_error    # (the last one too)
+    assert not cluster.oenuma("batch", "shared").get("status", {}).get("nodes")
     cluster.cp.kubectl("delete", "oenuma", "-n", "batch", "shared")
 
 
-def test_the_service_account_may_do_exactly_what_the_daemon_does(cluster: Cluster) -> None:
-    sa = "system:serviceaccount:anolisnuma-system:anolisnuma"
+def test_a_nodes_identity_may_do_exactly_what_the_daemon_does(cluster: Cluster) -> None:
+    cluster.node_kubeconfig("rights-node")
+    sa = "system:serviceaccount:anolisnuma-nodes:rights-node"
 
     def can(*args: str) -> bool:
         done = cluster.cp.kubectl("auth", "can-i", "--as", sa, *args, check=False)
@@ -134,4 +137,6 @@ def test_the_service_account_may_do_exactly_what_the_daemon_does(cluster: Cluste
     assert can("create", "events.events.k8s.io", "-n", "batch") and can("patch", "events.events.k8s.io", "-n", "batch")
     assert not can("get", "events.events.k8s.io", "-n", "batch")
     assert not can("delete", "events.events.k8s.io", "-n", "batch")
-    assert not can("list", "pods", "--all-namespaces") and not can("get", "secrets", "-n", "anolisnuma-system")
+    assert not can("list", "pods", "--all-namespaces") and not can("get", "secrets", "-n", "anolisnuma-nodes")
+    assert not can("create", "events", "-n", "batch")      # (core/v1 events: none)
+    assert not can("create", "serviceaccounts/token", "-n", "anolisnuma-nodes")   # (no other node's identity)

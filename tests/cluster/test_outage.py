@@ -77,9 +77,10 @@ def test_the_last_rules_seen_apply_at_start_when_the_api_server_is_down(cluster:
     wait_until(lambda: node.link.status()["rules"], "the CR's rules in force")
     wait_until(lambda: node.link.sync._persisted is not None, "the rules saved")
     stop_node(node)
+    kubeconfig = cluster.node_kubeconfig(node.name)
     cluster.cp.kill_apiserver()
     try:
-        again = start_node(node.base, sockdir, cluster.kubeconfig, node.name)
+        again = start_node(node.base, sockdir, kubeconfig, node.name)
         try:
             st = again.link.status()
             assert st["rules_from"] == "saved" and any("saved-*" in r for r in st["rules"])

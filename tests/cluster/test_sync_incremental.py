@@ -37,7 +37,7 @@ class Applies:
         self.made: List[Tuple[str, str, Optional[int]]] = []
 
     def apply_oenuma_status(self, namespace: str, name: str, body: Dict[str, Any], manager: str) -> None:
-        nodes = body["status"].get("nodes")
+        nodes = body.get("status", {}).get("nodes")   # (no status: the entry taken away)
         self.made.append((namespace, name, nodes[0]["observedGeneration"] if nodes else None))
 
 

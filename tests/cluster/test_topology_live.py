@@ -1,5 +1,6 @@
 """``[kubernetes] topology = true``: the daemon publishes its NUMA zones as a
-NodeResourceTopology on the real API server (deploy/'s CRD, the ServiceAccount's RBAC),
+NodeResourceTopology on the real API server (deploy/'s CRD, RBAC and node policy, the
+node's own identity),
 zones as the topology has them, available changed once a pod is placed, nothing applied
 while nothing changed."""
 
@@ -34,7 +35,7 @@ def zone_resources(obj: Dict[str, Any]) -> Dict[str, Dict[str, tuple]]:
 def test_the_node_publishes_its_zones_and_they_follow_placements(cluster: Cluster, tmp_path: Any,
                                                                  sockdir: str) -> None:
     name = f"worker-{uuid.uuid4().hex[:8]}"
-    node = start_node(str(tmp_path), sockdir, cluster.kubeconfig, name, topology=True,
+    node = start_node(str(tmp_path), sockdir, cluster.node_kubeconfig(name), name, topology=True,
                       topology_interval_seconds=1.0, topology_manager_policy="single-numa-node")
     try:
         # (the object is on the API server a moment before the publisher counts its apply)
