@@ -117,8 +117,8 @@ def metrics_unavailable(listen: str, error: BaseException) -> str:
     why = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
     line = f"anolisnuma: no metrics endpoint: cannot serve {listen}: {why}. This daemon serves the kubelet without it"
     if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
-        line += (f"; another process (another anolisnuma?) has that port: stop it, or give this daemon a port "
-                 f"of its own ([metrics] listen)")
+        line += ("; another process (another anolisnuma?) has that port: stop it, or give this daemon a port "
+                 "of its own ([metrics] listen)")
     return line + "; `anolisnuma-ctl status` says so."
 
 

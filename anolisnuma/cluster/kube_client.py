@@ -19,7 +19,7 @@ requests are blocking and run on the cluster loops' own threads, never on the CR
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 from lightkube import ApiError as LightkubeApiError
 from lightkube import Client
