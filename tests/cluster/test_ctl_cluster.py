@@ -31,7 +31,7 @@ def test_ctl_kubeconfig_writes_a_working_kubeconfig(cluster: Cluster, tmp_path) 
 def test_ctl_kubeconfig_replaces_nothing_until_what_it_wrote_works(cluster: Cluster, tmp_path) -> None:
     """A token the API server refuses (with --check), a token file of two lines, a CA that
     is a FIFO: each is said, and the kubeconfig the daemon uses stays as it was."""
-    token_file = json.loads(open(cluster.kubeconfig).read())["users"][0]["user"]["tokenFile"]
+    token_file = json.loads(open(cluster.node_kubeconfig("ctl-node")).read())["users"][0]["user"]["tokenFile"]
     out = tmp_path / "etc" / "kubeconfig"
     args = ["kubeconfig", "--server", cluster.cp.server, "--ca", cluster.cp.ca_file, "--out", str(out)]
     code, _, err = ctl(*args, "--token-file", token_file, "--check")

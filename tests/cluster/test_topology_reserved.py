@@ -45,7 +45,7 @@ def test_the_kubelets_reserved_cpus_are_not_allocatable(cluster: Cluster, tmp_pa
         "log": {"stderr": False}, "runtime": {"resync_interval_seconds": 0.0},
         "cgroups": {"kubelet_files_root": str(tmp_path / "kubelet")},
         "numa": {"enabled": True, "namespaces": ["batch"], "node_name": name},
-        "kubernetes": {"kubeconfig": cluster.kubeconfig, "request_timeout_seconds": 3.0, "topology": True,
+        "kubernetes": {"kubeconfig": cluster.node_kubeconfig(name), "request_timeout_seconds": 3.0, "topology": True,
                        "topology_interval_seconds": 1.0}})
     TOPOLOGY.write(data["paths"]["sys_root"])
     proxy = InProcessProxy(Config.load(write_config(str(tmp_path / "config.toml"), data))).start()
