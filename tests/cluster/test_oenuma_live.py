@@ -51,13 +51,14 @@ def test_a_cr_with_garbage_fields_is_reported_and_skipped_the_others_apply(clust
 
     pod = node.kubelet.run("api-0")
     other = node.kubelet.run("worker-0")
-    # what the CRD's schema lets through: a cpuset that is no CPU list, a negative NUMA
-    # node, fields it does not know (pruned)
+    # what the CRD's schema lets through: a cpuset of CPU-list characters that is no CPU
+    # list (a reversed range), a podAffinity entry without its numaNum, fields it does not
+    # know (pruned)
     bad = {"apiVersion": "resource.sop.huawei.com/v1alpha1", "kind": "Oenuma",
            "metadata": {"name": "bad", "namespace": "batch"},
            "spec": {"node": [{"name": node.name, "bogus": {"x": 1},
-                              "numa": [{"numaNum": 1, "cpuset": "two-three"}],
-                              "podAffinity": [{"podName": "worker-0", "numaNum": -1}]}]}}
+                              "numa": [{"numaNum": 1, "cpuset": "3-1"}],
+                              "podAffinity": [{"podName": "worker-0"}]}]}}
     cluster.cp.kubectl("apply", "--validate=false", "-f", "-", input=json.dumps(bad))
     cluster.apply(oenuma("good", node.name, {"api-0": 2}))
     wait_until(lambda: node.settled(pod, (2,)), "the good CR applied")
