@@ -14,11 +14,12 @@ must end it (both checked in place, no search); each middle one is looked for, l
 after the one before. Taking the leftmost place never loses a match (whatever a later
 place could leave for the segments after it, the leftmost leaves more), so nothing is
 ever tried twice: no backtracking. A middle segment without ``?`` is looked for with
-``str.find``; one with ``?`` by a bit-parallel scan (shift-and: one step per character,
-the segment's places that still match held as the bits of one integer), never by trying
-each place in turn. Each search starts where the segment before it ended, so every
-character of the name is read by one search at most: a match is linear in the name,
-whatever the pattern.
+``str.find``. One with ``?`` is looked for bit-parallel, never by trying each place in
+turn: the places of each character in the name are bits of one integer (made once per
+name), and the places where the segment can start are those bits, shifted by each
+literal character's offset in the segment, ANDed together; the leftmost is the lowest bit
+set. So a match costs one pass over the name and one integer operation per character of
+the pattern: linear, whatever the pattern.
 """
 
 from __future__ import annotations
@@ -27,10 +28,8 @@ from typing import Dict, List, Optional, Tuple
 
 WILDCARDS = "*?"
 
-# A segment: its length, its literal pieces as (offset, text), and for the scan of a
-# segment with `?`: per character, the bits of the places holding it or `?` (the default:
-# those of the `?`s).
-_Segment = Tuple[int, Tuple[Tuple[int, str], ...], Dict[str, int], int]
+# A segment: its length, its literal pieces as (offset, text), and whether it has a `?`.
+_Segment = Tuple[int, Tuple[Tuple[int, str], ...], bool]
 
 
 def is_pattern(text: str) -> bool:
@@ -87,12 +86,7 @@ def _segment(text: str) -> _Segment:
         if piece:
             pieces.append((offset, piece))
         offset += len(piece) + 1
-    anything = sum(1 << i for i, c in enumerate(text) if c == "?")
-    masks: Dict[str, int] = {}
-    for i, c in enumerate(text):
-        if c != "?":
-            masks[c] = masks.get(c, anything) | 1 << i
-    return len(text), tuple(pieces), masks, anything
+    return len(text), tuple(pieces), "?" in text
 
 
 def _at(name: str, pos: int, seg: _Segment) -> bool:
@@ -102,18 +96,36 @@ def _at(name: str, pos: int, seg: _Segment) -> bool:
 
 def _find(name: str, pos: int, end: int, seg: _Segment) -> int:
     """The leftmost place ``p >= pos`` where ``seg`` matches and ends by ``end``; -1 when none."""
-    length, pieces, masks, anything = seg
+    length, pieces, wild = seg
     if end - pos < length:
         return -1
     if not pieces:   # only `?`s: any place with room
         return pos
-    if not anything:   # no `?`: one literal piece
+    if not wild:   # one literal piece
         return name.find(pieces[0][1], pos, end)
-    goal = 1 << (length - 1)
-    places = 0
-    get = masks.get
-    for i in range(pos, end):
-        places = ((places << 1) | 1) & get(name[i], anything)
-        if places & goal:
-            return i - length + 1
-    return -1
+    places = _places(name)
+    starts = ((1 << (end - length + 1)) - 1) >> pos << pos   # pos <= p <= end - length
+    for offset, piece in pieces:
+        for i, c in enumerate(piece, offset):
+            starts &= places.get(c, 0) >> i
+        if not starts:
+            return -1
+    return (starts & -starts).bit_length() - 1
+
+
+_last: Tuple[str, Dict[str, int]] = ("", {})
+
+
+def _places(name: str) -> Dict[str, int]:
+    """Per character of ``name``, the bits of its places. The last name's are kept: the
+    patterns of one lookup are matched against one name (a tuple swapped whole: threads may
+    share it)."""
+    global _last
+    last = _last
+    if last[0] == name and name:
+        return last[1]
+    places: Dict[str, int] = {}
+    for i, c in enumerate(name):
+        places[c] = places.get(c, 0) | 1 << i
+    _last = (name, places)
+    return places

@@ -32,7 +32,7 @@ MAX_SAME_NODE = 16         # spec.node[] entries naming one node (one is what a 
 MAX_NAME = 253             # a node's name, a pod's name or pattern (a DNS subdomain's length)
 MAX_NAMESPACE = 63         # a namespace's name or pattern (a DNS label's length)
 MAX_CPU_LIST = 1024        # cpuset, memset ("0-63" for a node; the odd CPUs of 256 fit)
-MAX_WILDCARDS = 8          # `*` and `?` in one pattern: what bounds the cost of a match (glob.py)
+MAX_WILDCARDS = 8          # `*` and `?` in one pattern: a name pattern needs few
 MAX_NUMA_NUM = 1023        # the kernel's MAX_NUMNODES is at most 1024
 
 _LOWER = "abcdefghijklmnopqrstuvwxyz0123456789"
