@@ -33,13 +33,15 @@ from anolisnuma.policies.numa.topology import NumaTopology
 @dataclass
 class CrParse:
     """The rules of one CR for this node, the entries dropped because the machine lacks what
-    they name (``problems``), the parts refused by the trust policy (``refusals``), and the
-    entries the CR has for this node (``entries``, at least 1: what the node's caps count)."""
+    they name (``problems``), the parts refused by the trust policy (``refusals``), and what
+    the node's caps count: the entries the CR has for this node (``entries``, at least 1)
+    and its rules whose pod name is a pattern (``patterns``)."""
 
     rules: List[PinRule] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
     refusals: List[str] = field(default_factory=list)
     entries: int = 1
+    patterns: int = 0
 
 
 def parse_cr(obj: Any, source: str, node_name: str, topology: NumaTopology, trusted: bool) -> CrParse:
@@ -70,6 +72,7 @@ def parse_cr(obj: Any, source: str, node_name: str, topology: NumaTopology, trus
         out.rules.extend(rules)
         out.problems.extend(problems)
     out.entries = max(out.entries, 1)
+    out.patterns = sum(1 for r in out.rules if not r.exact_name)
     return out
 
 

@@ -12,7 +12,9 @@ files. Rules are kept in their order (first match wins) in three buckets:
 
 A pattern is tried only while it comes before the best rule found so far. A rule that may
 not make a pod managed (``PinRule.selects`` False) is passed over for a pod the node's
-``[numa]`` selection does not manage.
+``[numa]`` selection does not manage. What a lookup found is kept (an index is made anew
+whenever the rules change): a pod's later containers, its re-pins and its status entries
+ask again for the same name.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from anolisnuma.policies.numa.rules import PinRule
 
 _NONE = 1 << 62
+MAX_REMEMBERED = 4096
 
 
 class RuleIndex:
@@ -33,6 +36,7 @@ class RuleIndex:
         self._exact: Dict[Tuple[str, str], Tuple[int, int]] = {}
         self._named: Dict[str, List[Tuple[int, PinRule]]] = {}
         self._any: List[Tuple[int, PinRule]] = []
+        self._found: Dict[Tuple[str, str, bool], Optional[PinRule]] = {}
         for i, rule in enumerate(self.rules):
             if not rule.exact_namespace:
                 self._any.append((i, rule))
@@ -46,6 +50,17 @@ class RuleIndex:
     def first(self, namespace: str, name: str, managed: bool) -> Optional[PinRule]:
         """The first rule naming ``namespace/name``; ``managed``: ``[numa]`` selection
         manages the pod (else only rules that select count)."""
+        key = (namespace, name, managed)
+        try:
+            return self._found[key]
+        except KeyError:
+            pass
+        if len(self._found) >= MAX_REMEMBERED:
+            self._found = {}   # (pods long gone; another thread may hold the old dict: harmless)
+        rule = self._found[key] = self._first(namespace, name, managed)
+        return rule
+
+    def _first(self, namespace: str, name: str, managed: bool) -> Optional[PinRule]:
         best = _NONE
         hit = self._exact.get((namespace, name))
         if hit is not None:

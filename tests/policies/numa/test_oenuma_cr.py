@@ -95,13 +95,13 @@ def test_a_lookup_does_not_grow_with_the_rules_at_the_nodes_caps() -> None:
                  for i in range(n)]
         rules += [PinRule("ns-0", f"web-{i}-*", (0,), source="cr", from_cluster=True, selects=False)
                   for i in range(min(n, 64))]
-        sel = PodSelector(["ns-*"], [], rules)
+        selectors = [PodSelector(["ns-*"], [], rules) for _ in range(5)]   # (each remembers what it found)
         best = float("inf")
-        for _ in range(5):
+        for sel in selectors:
             t = time.perf_counter()
             for i in range(200):
                 sel.select("ns-3", f"pod-{i * 7 % n}", {}, {})
-                sel.select("ns-5", "not-named", {}, {})
+                sel.select("ns-5", f"not-named-{i}", {}, {})
             best = min(best, time.perf_counter() - t)
         return best
 
