@@ -98,7 +98,8 @@ class ClusterLink:
         rules_file = RulesFile(state_dir)
         if config.write_status:
             self.reporter = StatusReporter(KubeClient(kubeconfig, timeout), node_name, events=self.events)
-        self.sync = ClusterSync(placement, self.crs, RuleBook(node_name, placement.topology), rules_file,
+        book = RuleBook(node_name, placement.topology, config.trusted_namespaces)
+        self.sync = ClusterSync(placement, self.crs, book, rules_file,
                                 lambda: self._wake_repin(), self.reporter, events=self.events)
         self.watcher = OenumaWatcher(KubeClient(kubeconfig, timeout), self.crs,
                                      self.sync.wake, watch_timeout=config.watch_timeout_seconds,
@@ -110,7 +111,7 @@ class ClusterLink:
             self.sync.use_rules(persist=False)
         log.info("Oenuma CRs watched from the API server", server=kubeconfig.server, node_name=node_name,
                  saved_crs=self.saved_crs, rules=len(self.rules()), status=config.write_status,
-                 topology=config.topology)
+                 topology=config.topology, trusted_namespaces=config.trusted_namespaces)
 
     def controllers(self, wake_repin: Callable[[], None] = lambda: None) -> List[Controller]:
         """The watch and rules loops (with NUMA placement), the events and topology loops
