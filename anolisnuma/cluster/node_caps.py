@@ -24,7 +24,7 @@ from anolisnuma.cluster.oenumas import CrRules, Key
 
 MAX_NODE_ENTRIES = 2048       # a node runs 110 pods by default, 250 at most in most clusters
 MAX_NAMESPACE_ENTRIES = 512   # per namespace the node does not trust
-MAX_NAMESPACE_PATTERNS = 64   # pod-name patterns, likewise
+MAX_NAMESPACE_PATTERNS = 16   # pod-name patterns, likewise: up to ~40 us each at a pod's first lookup
 
 
 def over_caps(crs: Iterable[CrRules], trusted: AbstractSet[str]) -> Dict[Key, str]:

@@ -156,11 +156,11 @@ def test_a_trusted_namespace_is_not_refused_and_comes_first_under_the_caps(tmp_p
 def test_an_untrusted_namespace_has_few_pod_name_patterns(tmp_path: Any) -> None:
     """A pattern is tried against every pod of its namespace at each lookup."""
     crs, sync, applies, events = make(tmp_path)
-    crs.replace([cr("a", [{"podName": f"*a?a?a?c{i}*", "numaNum": 0} for i in range(60)]),
-                 cr("b", [{"podName": f"*b{i}*", "numaNum": 0} for i in range(5)] + pods(100))])
+    crs.replace([cr("a", [{"podName": f"*a?a?a?c{i}*", "numaNum": 0} for i in range(14)]),
+                 cr("b", [{"podName": f"*b{i}*", "numaNum": 0} for i in range(3)] + pods(100))])
     sync.run_once()
     assert not sync.current[0].error
-    assert "its 5 pod-name patterns for this node would take namespace batch's past 64" in sync.current[1].error
+    assert "its 3 pod-name patterns for this node would take namespace batch's past 16" in sync.current[1].error
 
 
 def test_the_node_cap_holds_whatever_the_namespaces(tmp_path: Any) -> None:
