@@ -24,6 +24,7 @@ there (an older daemon's file, a hostile CR it kept).
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -35,7 +36,7 @@ from anolisnuma.policies.numa.oenuma_bounds import entries_for_node
 from anolisnuma.policies.numa.oenuma_cr import parse_cr
 from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND, PinRule, RuleFileError
 from anolisnuma.policies.numa.topology import NumaTopology
-from anolisnuma.state.persist import atomic_write_json, load_json_state
+from anolisnuma.state.persist import atomic_write_bytes, load_json_state
 
 Key = Tuple[str, str]   # (namespace, name)
 STATE_FILE = "cluster-oenumas.json"
@@ -255,8 +256,16 @@ class RulesFile:
         self.path = os.path.join(state_dir, STATE_FILE)
 
     def save(self, node_name: str, objects: List[Dict[str, Any]]) -> None:
-        atomic_write_json(self.path, {"version": STATE_VERSION, "node_name": node_name,
-                                      "saved_at": round(time.time(), 3), "objects": objects})
+        # One CR at a time, the interpreter lock let go between two: at the node's caps the
+        # file is megabytes, and json.dumps holds the lock for the whole of what it encodes
+        # (the relay would wait for all of it).
+        chunks = []
+        for obj in objects:
+            chunks.append(json.dumps(obj, separators=(",", ":")))
+            time.sleep(0)
+        head = json.dumps({"version": STATE_VERSION, "node_name": node_name, "saved_at": round(time.time(), 3)},
+                          separators=(",", ":"))
+        atomic_write_bytes(self.path, (head[:-1] + ',"objects":[' + ",".join(chunks) + "]}").encode("utf-8"))
 
     def load(self, node_name: str) -> Optional[List[Dict[str, Any]]]:
         """The CRs saved for ``node_name``; None when there is no usable file (absent,

@@ -17,6 +17,7 @@ machine does not have, or CPUs it does not have, is reported and dropped; the ot
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -57,7 +58,7 @@ class PinRule:
     _name: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        make = Glob if self.from_cluster else _Shell
+        make = _glob if self.from_cluster else _Shell
         object.__setattr__(self, "_ns", make(self.namespace))
         object.__setattr__(self, "_name", make(self.name))
 
@@ -81,6 +82,13 @@ class PinRule:
         if self.mems is not None:
             text += f" mems {self.mems}"
         return text
+
+
+@functools.lru_cache(maxsize=4096)
+def _glob(pattern: str) -> Glob:
+    """One matcher per pattern (they are immutable): a CR changed is parsed again with the
+    same names, and its rules share their namespace's."""
+    return Glob(pattern)
 
 
 class _Shell:
