@@ -14,7 +14,7 @@ private real kube-apiserver, FakeCri as containerd, NUMA on a fake 4-node topolo
   the start of ``kubectl apply`` and from its return (p50/p99).
 
     python3 scripts/bench_cluster.py [--crs 1000] [--events 10000] [--runs 20] [--py-spy OUT]
-    python3 scripts/bench_cluster.py --hostile [--hostile-seconds 30]
+    python3 scripts/bench_cluster.py --hostile [--hostile-seconds 60] [--hostile-rounds 300]
 
 ``--hostile`` (``bench_hostile.py``): CRs at the node's caps and over them, Version p99 and
 CreateContainer time through the proxy while they are applied and once they are in force,
@@ -145,7 +145,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--py-spy", default="", metavar="OUT", help="sample the daemon during the flood into OUT")
     ap.add_argument("--hostile", action="store_true", help="CRs at the caps and over them (bench_hostile.py)")
-    ap.add_argument("--hostile-seconds", type=float, default=30.0, help="how long the CRs are applied again")
+    ap.add_argument("--hostile-seconds", type=float, default=60.0, help="how long the CRs are applied again")
+    ap.add_argument("--hostile-rounds", type=int, default=300,
+                    help="rounds (10 Versions, 1 CreateContainer) before the CRs and once they are in force")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="anolisnuma-bench-cluster-")
     cp = PrivateControlPlane.start_new()

@@ -150,12 +150,17 @@ def measure(daemons: Dict[str, Any], pods: Dict[str, Pods], until: Callable[[], 
 
 
 def line(what: str, sample: Sample, base: Sample) -> str:
+    """p50/p99 of each call on each daemon, the ratio of p99 to the baseline's, and for the
+    daemon with [kubernetes] on, the ratio to the one with it off in the same phase (the
+    machine's load falls on both)."""
     parts = []
-    for key in ("on.version", "on.create", "off.version", "off.create"):
-        v, b = sample[key], base[key]
-        parts.append(f"{key} p50/p99 {pct(v, 50):.0f}/{pct(v, 99):.0f} us "
-                     f"({pct(v, 99) / pct(b, 99):.2f}x p99, {pct(v, 50) / pct(b, 50):.2f}x p50)")
-    return f"{what} ({len(sample['on.create'])} creates): " + "; ".join(parts)
+    for call in ("version", "create"):
+        on, off = sample[f"on.{call}"], sample[f"off.{call}"]
+        parts.append(f"{call} p50/p99 {pct(on, 50):.0f}/{pct(on, 99):.0f} us, p99 {pct(on, 99) / pct(base[f'on.{call}'], 99):.2f}x "
+                     f"the baseline, {pct(on, 99) / pct(off, 99):.2f}x the [kubernetes]-off daemon's "
+                     f"({pct(off, 50):.0f}/{pct(off, 99):.0f} us, {pct(off, 99) / pct(base[f'off.{call}'], 99):.2f}x its "
+                     "baseline)")
+    return f"{what} ({len(sample['on.create'])} creates, {len(sample['on.version'])} Versions each): " + "; ".join(parts)
 
 
 def cpu_share(cpu_seconds: Callable[[int], float], pid: int, since: Tuple[float, float]) -> str:
@@ -174,7 +179,7 @@ def run_hostile(cp: Any, fake: Any, args: Any, base: str, plain: Any, daemon_cla
         pods = {k: Pods(v.kubelet) for k, v in daemons.items()}
         measure(daemons, pods, lambda: True, 20)   # (warm: the first calls of each path)
         since = cpu_seconds(d.pid), time.monotonic()
-        baseline = measure(daemons, pods, lambda: True, 100)
+        baseline = measure(daemons, pods, lambda: True, args.hostile_rounds)
         print(line("baseline, no CR", baseline, baseline) + f"; daemon CPU {cpu_share(cpu_seconds, d.pid, since)}")
         refusals = api_server_refusals(cp)
         print(f"shipped CRD: the API server refused {len(refusals)} of 2 CRs over the bounds: "
@@ -188,7 +193,7 @@ def run_hostile(cp: Any, fake: Any, args: Any, base: str, plain: Any, daemon_cla
                    during, baseline) + f"; daemon CPU {cpu_share(cpu_seconds, d.pid, since)}")
         c = wait_until(lambda: _settled(d), "the CRs in force", 300)
         since = cpu_seconds(d.pid), time.monotonic()
-        after = measure(daemons, pods, lambda: True, 100)
+        after = measure(daemons, pods, lambda: True, args.hostile_rounds)
         print(line("once they are in force", after, baseline) + f"; daemon CPU {cpu_share(cpu_seconds, d.pid, since)}")
         print(f"daemon: {len(c['rules'])} rules in force from {c['crs_naming_node']} CRs naming the node; "
               f"{len(c['crs_skipped'])} refused whole: {', '.join(sorted(c['crs_skipped']))}")
