@@ -14,6 +14,12 @@ private real kube-apiserver, FakeCri as containerd, NUMA on a fake 4-node topolo
   the start of ``kubectl apply`` and from its return (p50/p99).
 
     python3 scripts/bench_cluster.py [--crs 1000] [--events 10000] [--runs 20] [--py-spy OUT]
+    python3 scripts/bench_cluster.py --hostile [--hostile-seconds 60] [--hostile-rounds 300]
+
+``--hostile`` (``bench_hostile.py``): CRs at the node's caps and over them, Version p99 and
+CreateContainer time through the proxy while they are applied and once they are in force,
+against a baseline taken before them in the same run (and against a daemon with
+``[kubernetes]`` off beside it, under the same load).
 
 ``--py-spy OUT``: the flood's first part is sampled in the daemon by py-spy (on PATH; not a
 dependency of the project), every thread, into OUT (py-spy's "raw" format: one line per
@@ -90,7 +96,7 @@ def pct(values: List[float], p: float) -> float:
 
 
 class Daemon:
-    def __init__(self, base: str, fake: FakeCri, kubeconfig: str) -> None:
+    def __init__(self, base: str, fake: FakeCri, kubeconfig: str, **kubernetes: Any) -> None:
         self.admin = os.path.join(base, "admin.sock")
         data = config_dict(base, fake.socket_path, listen=os.path.join(base, "cri.sock"), extra={
             "log": {"stderr": False},
@@ -98,7 +104,7 @@ class Daemon:
             "runtime": {"resync_interval_seconds": 0.0},
             "numa": {"enabled": True, "namespaces": ["bench"], "node_name": NODE, "memory_pinning": "strict",
                      "poll_interval_seconds": 1.0},
-            "kubernetes": {"kubeconfig": kubeconfig} if kubeconfig else {},
+            "kubernetes": dict({"kubeconfig": kubeconfig}, **kubernetes) if kubeconfig else {},
         })
         TOPOLOGY.write(data["paths"]["sys_root"])
         self.proxy = SubprocessProxy(data, base).start()
@@ -138,6 +144,10 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=10000)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--py-spy", default="", metavar="OUT", help="sample the daemon during the flood into OUT")
+    ap.add_argument("--hostile", action="store_true", help="CRs at the caps and over them (bench_hostile.py)")
+    ap.add_argument("--hostile-seconds", type=float, default=60.0, help="how long the CRs are applied again")
+    ap.add_argument("--hostile-rounds", type=int, default=300,
+                    help="rounds (10 Versions, 1 CreateContainer) before the CRs and once they are in force")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="anolisnuma-bench-cluster-")
     cp = PrivateControlPlane.start_new()
@@ -150,7 +160,12 @@ def main() -> None:
         try:
             time.sleep(2)   # settle: what the daemon allocates at start is done
             rss_off = rss(plain.pid)
-            run_on(cp, fake, args, base, plain, rss_off)
+            if args.hostile:
+                from bench_hostile import run_hostile
+
+                run_hostile(cp, fake, args, base, plain, Daemon, cpu_seconds)
+            else:
+                run_on(cp, fake, args, base, plain, rss_off)
         finally:
             plain.stop()
     finally:

@@ -51,7 +51,7 @@ Families (all prefixed ``anolisnuma_``):
 ``cluster_last_watch_event_timestamp_seconds``  the last watch event or bookmark (ditto)
 ``cluster_crs_seen``, ``cluster_rules``,  Oenuma CRs seen; rules in force from them; CRs
 ``cluster_crs_naming_node``,              naming this node, and those of them skipped as
-``cluster_crs_skipped``                   malformed
+``cluster_crs_skipped``                   malformed or refused
 ``cluster_watch_requests_total``          request (list, watch): relists and watch restarts
 ``cluster_watch_events_total``            type (event, bookmark)
 ``cluster_watch_gone_total``,             410 Gone answers; list or watch sessions that
@@ -271,7 +271,7 @@ class DaemonCollector:
                                 value=st.get("crs_seen", 0))
         yield GaugeMetricFamily(P + "cluster_crs_naming_node", "Oenuma CRs naming this node",
                                 value=st.get("crs_naming_node", 0))
-        yield GaugeMetricFamily(P + "cluster_crs_skipped", "Oenuma CRs naming this node skipped as malformed",
+        yield GaugeMetricFamily(P + "cluster_crs_skipped", "Oenuma CRs naming this node skipped as malformed or refused",
                                 value=len(st.get("crs_skipped") or ()))
         yield GaugeMetricFamily(P + "cluster_rules", "placement rules in force from Oenuma CRs",
                                 value=len(st.get("rules") or ()))

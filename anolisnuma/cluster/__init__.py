@@ -13,8 +13,10 @@ API server, whatever state it is in.
   events), made with lightkube, imported only when ``[kubernetes] kubeconfig`` is set;
   ``bounded_transport.py``: a deadline on every request and a size bound on every reply
   and watch event, under lightkube's HTTP client;
-- ``oenumas.py``: the Oenuma CRs seen (only what concerns this node is kept), their rules
-  for the rules engine (``policies/numa/rules.py``), and the last ones persisted;
+- ``oenumas.py``: the Oenuma CRs seen (only what concerns this node is kept, within the
+  bounds of ``policies/numa/oenuma_bounds.py``), their rules under the node's trust
+  (``policies/numa/oenuma_cr.py``), and the last ones in force persisted;
+  ``node_caps.py``: the caps on the entries of all CRs naming the node;
 - ``watcher.py``: the ``cluster-watch`` loop (list + watch, bookmarks, relist on 410 Gone,
   reconnect with backoff and jitter);
 - ``sync.py``: the ``cluster-rules`` loop (rules to the placement service, which re-pins

@@ -13,18 +13,27 @@ topology = false                   # publish this node's NUMA zones as a NodeRes
 topology_interval_seconds = 10.0   # looked at this often; published only when changed
 topology_manager_policy = "none"   # the kubelet's --topology-manager-policy, published for the scheduler
 topology_manager_scope = "container"   # the kubelet's --topology-manager-scope (container, pod)
+trusted_namespaces = []            # Oenumas here may name any namespace, give numa[] tables, select pods
 ```
+
+``trusted_namespaces`` is empty by default: a CR may then only pin pods of its own
+namespace that ``[numa]`` already manages (``policies/numa/oenuma_cr.py``). A namespace
+named here must be one where only cluster administrators may create Oenumas
+(docs/cluster.md, "Who may move which pods"): names, not patterns, so that no namespace
+made later is trusted by accident.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Tuple
+import re
+from dataclasses import dataclass, field
+from typing import List, Tuple
 
 from anolisnuma.configfile import ConfigError, Table
 
 TOPOLOGY_MANAGER_POLICIES: Tuple[str, ...] = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_MANAGER_SCOPES: Tuple[str, ...] = ("container", "pod")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")   # a DNS label, as Kubernetes names namespaces
 
 
 @dataclass
@@ -40,6 +49,7 @@ class KubernetesConfig:
     topology_interval_seconds: float = 10.0
     topology_manager_policy: str = "none"
     topology_manager_scope: str = "container"
+    trusted_namespaces: List[str] = field(default_factory=list)
 
     @property
     def enabled(self) -> bool:
@@ -65,6 +75,16 @@ class KubernetesConfig:
             topology_interval_seconds=t.float("topology_interval_seconds", 10.0, min=1, max=3600),
             topology_manager_policy=t.str("topology_manager_policy", "none", choices=TOPOLOGY_MANAGER_POLICIES),
             topology_manager_scope=t.str("topology_manager_scope", "container", choices=TOPOLOGY_MANAGER_SCOPES),
+            trusted_namespaces=_namespaces(t, "trusted_namespaces"),
         )
         t.finish()
         return cfg
+
+
+def _namespaces(t: Table, key: str) -> List[str]:
+    names = t.str_list(key, [])
+    for name in names:
+        if not _NAMESPACE.match(name):
+            raise ConfigError(t.key(key), f"{name!r} is not a namespace name (a DNS label: lowercase letters, "
+                                          "digits and '-', at most 63; no patterns)")
+    return sorted(set(names))

@@ -20,6 +20,7 @@ the loops and closes every client (the daemon calls it at shutdown, started or n
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import structlog
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from anolisnuma.cluster.watcher import OenumaWatcher
 
 log = structlog.get_logger("anolisnuma.cluster")
+
+SWITCH_INTERVAL = 0.001   # seconds a thread may hold the interpreter lock while another waits
 
 
 class ClusterLink:
@@ -101,11 +104,18 @@ class ClusterLink:
         from anolisnuma.cluster.watcher import OenumaWatcher
 
         node_name = self.node_name
+        # The watch and rules threads decode and parse CRs (at the node's caps, hundreds of
+        # ms a round) while the relay waits for the interpreter lock: handed over every 1 ms
+        # rather than Python's 5, the relay's waits behind them stay short (docs/cluster.md,
+        # "Bounded by construction": Version's p99 beside a daemon without the link).
+        if sys.getswitchinterval() > SWITCH_INTERVAL:
+            sys.setswitchinterval(SWITCH_INTERVAL)
         self.crs = OenumaSet(node_name)
         rules_file = RulesFile(state_dir)
         if config.write_status:
             self.reporter = StatusReporter(KubeClient(kubeconfig, timeout), node_name, events=self.events)
-        self.sync = ClusterSync(placement, self.crs, RuleBook(node_name, placement.topology), rules_file,
+        book = RuleBook(node_name, placement.topology, config.trusted_namespaces)
+        self.sync = ClusterSync(placement, self.crs, book, rules_file,
                                 lambda: self._wake_repin(), self.reporter, events=self.events)
         self.watcher = OenumaWatcher(KubeClient(kubeconfig, timeout), self.crs,
                                      self.sync.wake, watch_timeout=config.watch_timeout_seconds,
@@ -117,7 +127,7 @@ class ClusterLink:
             self.sync.use_rules(persist=False)
         log.info("Oenuma CRs watched from the API server", server=kubeconfig.server, node_name=node_name,
                  saved_crs=self.saved_crs, rules=len(self.rules()), status=config.write_status,
-                 topology=config.topology)
+                 topology=config.topology, trusted_namespaces=config.trusted_namespaces)
 
     def controllers(self, wake_repin: Callable[[], None] = lambda: None) -> List[Controller]:
         """The watch and rules loops (with NUMA placement), the events and topology loops

@@ -1,37 +1,49 @@
 """The Oenuma CRs seen on the API server, and their placement rules for this node.
 
 Only what concerns this node is kept: a CR whose ``spec.node[]`` names it is kept trimmed
-to what a rule or a status needs (apiVersion, kind, name, namespace, uid, generation,
-resourceVersion, spec); any other CR is counted by its key alone. Memory therefore grows
-with the number of CRs in the cluster by a key each, and with the CRs naming this node by
-their specs; a watch that floods events replaces entries, it never adds any.
+to what a rule or a status needs (apiVersion, kind, name, namespace, uid, generation, and
+of its spec only this node's entries, when they are within the bounds of
+``policies/numa/oenuma_bounds.py``; over them, only why it is refused); any other CR is
+counted by its key alone. Memory therefore grows with the number of CRs in the cluster by a
+key each, and with the CRs naming this node by their entries for it (bounded per CR); a
+watch that floods events replaces entries, it never adds any.
 
-Rules come from the same parser as the rule files (``policies/numa/rules.py``
-``parse_oenuma_documents``), one CR at a time: a malformed CR is reported and skipped, the
-others still apply. Precedence, documented in docs/cluster.md: config pins, then rule
-files, then CRs in namespace/name order; the first rule that names a pod wins.
+Rules come from the CR parser (``policies/numa/oenuma_cr.py``, the rule files' entry
+reader under the node's trust: ``[kubernetes] trusted_namespaces``), one CR at a time: a
+malformed CR is reported and skipped, the others still apply. Precedence, documented in
+docs/cluster.md: config pins, then rule files, then CRs in namespace/name order; the first
+rule that names a pod wins.
 
-The CRs naming this node are persisted (``<state_dir>/cluster-oenumas.json``) whenever
-they change, and loaded at start: when the API server cannot be reached, the last rules
-seen still apply.
+The CRs whose rules are in force are persisted (``<state_dir>/cluster-oenumas.json``)
+whenever they change, and loaded at start, before the hooks take calls: when the API
+server cannot be reached, the last rules seen still apply. The file is read only up to
+``RULES_FILE_MAX_BYTES`` (what the node's caps let it hold, with room to spare) and every
+CR in it is bounded again, so what the hooks wait for at start is bounded whatever is
+there (an older daemon's file, a hostile CR it kept).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
-from anolisnuma.policies.numa.rules import (
-    OENUMA_API_VERSION, OENUMA_KIND, PinRule, RuleFileError, parse_oenuma_documents)
+from anolisnuma.fileread import MIB
+from anolisnuma.policies.numa.oenuma_bounds import entries_for_node
+from anolisnuma.policies.numa.oenuma_cr import parse_cr
+from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND, PinRule, RuleFileError
 from anolisnuma.policies.numa.topology import NumaTopology
-from anolisnuma.state.persist import atomic_write_json, load_json_state
+from anolisnuma.state.persist import atomic_write_bytes, load_json_state
 
 Key = Tuple[str, str]   # (namespace, name)
 STATE_FILE = "cluster-oenumas.json"
 STATE_VERSION = 1
+# At the node's caps (cluster/node_caps.py: 2,048 entries, each CR counting one at least)
+# the file holds about 11 MB at the very most (tests/cluster/test_cr_bounds.py).
+RULES_FILE_MAX_BYTES = 16 * MIB
 
 
 def key_of(obj: Any) -> Optional[Key]:
@@ -51,24 +63,30 @@ def resource_version(obj: Any) -> str:
     return rv if isinstance(rv, str) else ""
 
 
-def names_node(obj: Dict[str, Any], node_name: str) -> bool:
-    """Whether a ``spec.node[]`` entry of the CR is named for ``node_name`` (case aside)."""
-    spec = obj.get("spec")
-    entries = spec.get("node") if isinstance(spec, dict) else None
-    if not isinstance(entries, list):
-        return False
-    want = node_name.strip().lower()
-    return any(isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"].strip().lower() == want
-               for e in entries)
-
-
-def trim(obj: Dict[str, Any]) -> Dict[str, Any]:
-    """What is kept of a CR: enough to make its rules and write its status. Not its
-    resourceVersion: a status written (by any node) changes that, not the rules."""
+def trim(obj: Dict[str, Any], node_name: str) -> Optional[Dict[str, Any]]:
+    """What is kept of a CR naming ``node_name`` (None when it does not name it): enough to
+    make its rules and write its status. Of the spec, only this node's entries (their
+    places in ``spec.node[]`` in ``nodeIndex``, for the reports); of a CR over the bounds,
+    only why (``refused``). Not its resourceVersion: a status written (by any node)
+    changes that, not the rules."""
+    at, why = entries_for_node(obj, node_name)
+    if at is None:
+        return None
     meta = obj.get("metadata") or {}
     kept = {k: meta[k] for k in ("name", "namespace", "uid", "generation") if k in meta}
-    return {"apiVersion": obj.get("apiVersion", OENUMA_API_VERSION), "kind": obj.get("kind", OENUMA_KIND),
-            "metadata": kept, "spec": obj.get("spec")}
+    out = {"apiVersion": obj.get("apiVersion", OENUMA_API_VERSION), "kind": obj.get("kind", OENUMA_KIND),
+           "metadata": kept}
+    if why:
+        out["refused"] = why
+        return out
+    nodes = obj["spec"]["node"]
+    was = obj.get("nodeIndex")   # (a CR trimmed before: saved in the state file)
+    if isinstance(was, list) and len(was) == len(nodes):
+        out["nodeIndex"] = [was[i] for i in at]
+    else:
+        out["nodeIndex"] = at
+    out["spec"] = {"node": [nodes[i] for i in at]}
+    return out
 
 
 class OenumaSet:
@@ -94,8 +112,9 @@ class OenumaSet:
             if key is None:
                 continue
             keys[key] = resource_version(obj)
-            if names_node(obj, self.node_name):
-                mine[key] = trim(obj)
+            kept = trim(obj, self.node_name)
+            if kept is not None:
+                mine[key] = kept
         with self._lock:
             old = self._mine
             # (an object unchanged keeps the one held: the rules made of it stay as they are)
@@ -119,8 +138,8 @@ class OenumaSet:
             return False
         with self._lock:
             self._keys[key] = resource_version(obj)
-            if names_node(obj, self.node_name):
-                new = trim(obj)
+            new = trim(obj, self.node_name)
+            if new is not None:
                 if self._mine.get(key) == new:
                     return False
                 self._mine[key] = new
@@ -161,8 +180,11 @@ class OenumaSet:
 
 @dataclass
 class CrRules:
-    """What one CR means for this node: its rules, the entries dropped (``problems``), or
-    why it was skipped as a whole (``error``)."""
+    """What one CR means for this node: its rules, the entries dropped because the machine
+    lacks what they name (``problems``), the parts refused by the node's trust
+    (``refusals``), or why it was skipped as a whole (``error``: malformed, or ``refused``
+    over a bound or a cap). ``entries``, ``patterns``: what it has for this node, as the
+    caps count (``node_caps.py``)."""
 
     key: Key
     generation: int
@@ -170,6 +192,10 @@ class CrRules:
     rules: List[PinRule] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
     error: str = ""
+    refusals: List[str] = field(default_factory=list)
+    refused: bool = False
+    entries: int = 1
+    patterns: int = 0
 
     @property
     def ref(self) -> str:
@@ -178,11 +204,13 @@ class CrRules:
 
 class RuleBook:
     """Turns the CRs naming this node into rules (:meth:`parse` one CR; :meth:`rules_of`
-    a whole list, parsing again only the CRs that changed)."""
+    a whole list, parsing again only the CRs that changed); CRs of the ``trusted``
+    namespaces may do everything a rule file may (``policies/numa/oenuma_cr.py``)."""
 
-    def __init__(self, node_name: str, topology: NumaTopology) -> None:
+    def __init__(self, node_name: str, topology: NumaTopology, trusted: Iterable[str] = ()) -> None:
         self.node_name = node_name
         self.topology = topology
+        self.trusted = frozenset(trusted)
         self._parsed: Dict[Key, Tuple[Dict[str, Any], CrRules]] = {}
 
     def rules_of(self, objects: List[Dict[str, Any]]) -> List[CrRules]:
@@ -206,29 +234,43 @@ class RuleBook:
         meta = obj.get("metadata") or {}
         generation = meta.get("generation")
         cr = CrRules(key=key, generation=generation if isinstance(generation, int) else 0,
-                     uid=str(meta.get("uid") or ""))
+                     uid=str(meta.get("uid") or "")[:64])
+        refused = obj.get("refused")
+        if isinstance(refused, str):
+            cr.error, cr.refused = f"refused, not parsed: {refused}", True
+            return cr
         try:
-            cr.rules, cr.problems = parse_oenuma_documents([obj], f"apiserver {cr.ref}", self.node_name,
-                                                           self.topology)
+            parsed = parse_cr(obj, f"apiserver {cr.ref}", self.node_name, self.topology, key[0] in self.trusted)
         except RuleFileError as e:
             cr.error = " ".join(str(e).split())[:400]
+            return cr
+        cr.rules, cr.problems, cr.refusals = parsed.rules, parsed.problems, parsed.refusals
+        cr.entries, cr.patterns = parsed.entries, parsed.patterns
         return cr
 
 
 class RulesFile:
-    """``<state_dir>/cluster-oenumas.json``: the CRs naming this node, last seen."""
+    """``<state_dir>/cluster-oenumas.json``: the CRs whose rules were in force, last seen."""
 
     def __init__(self, state_dir: str) -> None:
         self.path = os.path.join(state_dir, STATE_FILE)
 
     def save(self, node_name: str, objects: List[Dict[str, Any]]) -> None:
-        atomic_write_json(self.path, {"version": STATE_VERSION, "node_name": node_name,
-                                      "saved_at": round(time.time(), 3), "objects": objects})
+        # One CR at a time, the interpreter lock let go between two: at the node's caps the
+        # file is megabytes, and json.dumps holds the lock for the whole of what it encodes
+        # (the relay would wait for all of it).
+        chunks = []
+        for obj in objects:
+            chunks.append(json.dumps(obj, separators=(",", ":")))
+            time.sleep(0)
+        head = json.dumps({"version": STATE_VERSION, "node_name": node_name, "saved_at": round(time.time(), 3)},
+                          separators=(",", ":"))
+        atomic_write_bytes(self.path, (head[:-1] + ',"objects":[' + ",".join(chunks) + "]}").encode("utf-8"))
 
     def load(self, node_name: str) -> Optional[List[Dict[str, Any]]]:
         """The CRs saved for ``node_name``; None when there is no usable file (absent,
         corrupt, another version or another node's)."""
-        data = load_json_state(self.path, STATE_VERSION, _saved_objects)
+        data = load_json_state(self.path, STATE_VERSION, _saved_objects, RULES_FILE_MAX_BYTES)
         if data is None or data[0] != node_name:   # another node's: this node has none saved
             return None
         return data[1]

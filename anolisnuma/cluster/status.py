@@ -3,12 +3,14 @@
 Per pod the CR names for this node: ``Pinned`` (the NUMA nodes, cpuset and memset it
 got), ``Pending`` (being re-pinned), ``Failed`` (why the rule could not be applied),
 ``Overridden`` (a rule that comes first names it: config pins and rule files come before
-CRs) or ``Absent`` (no pod of that name is placed on this node). A CR skipped as malformed
-gets no pods and the reason in its problems and its ``Applied`` condition.
+CRs) or ``Absent`` (no pod of that name is placed on this node). A CR skipped as malformed,
+or refused whole (over a bound or past the node's caps), gets no pods and the reason in its
+problems and its ``Applied`` condition (``Malformed``, ``Refused``); the parts of a CR the
+node's trust refused come first in its problems, and make ``Applied`` False (``Refused``).
 
 The entry carries ``observedGeneration`` (the CR's ``metadata.generation`` it reports on)
 and one condition, ``Applied``: True when every pod present is pinned and no entry of the
-spec was dropped.
+spec was dropped or refused.
 """
 
 from __future__ import annotations
@@ -22,6 +24,28 @@ from anolisnuma.policies.numa.rules import PinRule
 
 MAX_PODS = 200       # per entry: a status stays small whatever the patterns match
 MAX_PROBLEMS = 20
+ABSENT = "no pod of this name is placed on this node"
+ABSENT_UNTRUSTED = (ABSENT + " (an Oenuma of a namespace this node does not trust pins only pods its [numa] "
+                    "selection manages)")
+
+
+class _Placed:
+    """The allocations by namespace and name: a rule's pods without a walk over every pod
+    (per rule, at the node's caps, that walk was thousands of matches per entry)."""
+
+    def __init__(self, allocations: List[Allocation]) -> None:
+        self.all = allocations
+        self.by_name: Dict[Tuple[str, str], List[Allocation]] = {}
+        self.by_namespace: Dict[str, List[Allocation]] = {}
+        for a in allocations:
+            self.by_name.setdefault((a.namespace, a.name), []).append(a)
+            self.by_namespace.setdefault(a.namespace, []).append(a)
+
+    def matching(self, rule: PinRule) -> List[Allocation]:
+        if rule.exact_namespace and rule.exact_name:
+            return self.by_name.get((rule.namespace, rule.name), [])
+        among = self.by_namespace.get(rule.namespace, []) if rule.exact_namespace else self.all
+        return [a for a in among if rule.matches(a.namespace, a.name)]
 
 
 def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool: CpuSet,
@@ -31,12 +55,13 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
     pods: List[Dict[str, Any]] = []
     seen: Set[Tuple[str, str]] = set()
     if not cr.error:
+        placed = _Placed(allocations)
         for rule in cr.rules:
-            matched = [a for a in allocations if rule.matches(a.namespace, a.name)]
+            matched = placed.matching(rule)
             if not matched and (rule.namespace, rule.name) not in seen:
                 seen.add((rule.namespace, rule.name))
                 pods.append({"namespace": rule.namespace, "name": rule.name, "state": "Absent",
-                             "reason": "no pod of this name is placed on this node"})
+                             "reason": ABSENT if rule.selects else ABSENT_UNTRUSTED})
             for a in sorted(matched, key=lambda a: (a.namespace, a.name)):
                 if (a.namespace, a.name) in seen:
                     continue
@@ -44,7 +69,7 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
                 pods.append(_pod(a, rule, pool, rule_of(a), pending, failure(a.pod_uid)))
     pods.sort(key=lambda p: (p["namespace"], p["name"]))
     more = len(pods) - MAX_PODS
-    problems = ([cr.error] if cr.error else list(cr.problems))
+    problems = ([cr.error] if cr.error else cr.refusals + cr.problems)
     if more > 0:
         pods = pods[:MAX_PODS]
         problems.append(f"{more} more pods not listed")
@@ -56,8 +81,8 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
     if absent:
         summary += f", {absent} absent"
     if cr.error:
-        summary = "malformed, skipped"
-        condition = ("False", "Malformed", cr.error)
+        summary = "refused, skipped" if cr.refused else "malformed, skipped"
+        condition = ("False", "Refused" if cr.refused else "Malformed", cr.error)
     elif pinned < len(present):
         states = {p["state"] for p in present}
         worst = next(st for st in ("Failed", "Pending", "Overridden") if st in states)
@@ -66,7 +91,7 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
                                for p in present if p["state"] != "Pinned")[:1000])
     elif problems:
         summary += f", {len(problems)} problems"
-        condition = ("False", "EntriesDropped", "; ".join(problems)[:1000])
+        condition = ("False", "Refused" if cr.refusals else "EntriesDropped", "; ".join(problems)[:1000])
     else:
         condition = ("True", "Applied", summary)
     status, reason, message = condition

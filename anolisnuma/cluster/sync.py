@@ -4,13 +4,16 @@ Woken by the watcher when a CR naming this node changed, and every ``interval`` 
 (so that the status follows pods that came, went or were re-pinned), one pass:
 
 1. when the CRs changed: their rules (``RuleBook``, one CR at a time; a malformed CR is
-   logged once and skipped) go to the placement service, and the CRs are persisted in the
-   state dir (the rules used at the next start when the API server cannot be reached);
+   logged once and skipped; a CR over a bound, or past the node's caps (``node_caps.py``),
+   is refused whole; parts of a CR the node's trust refuses are dropped; each told by a
+   Warning event on the CR) go to the placement service, and the CRs whose rules are in
+   force are persisted in the state dir (the rules used at the next start when the API
+   server cannot be reached);
 2. the placement service re-pins the running pods whose rules changed (its live move:
    memory following, rolled back when a re-pin fails), and the re-pinner is woken;
 3. this node's status entry is written to each CR whose entry changed, and an event is
    recorded on each pod a CR re-pinned or could not (``events.py``), and on a CR skipped
-   as malformed.
+   as malformed or refused, whole or in part.
 
 Passes are at least ``MIN_SPACING`` apart, and ``FLOOD_SPACING`` while changes keep coming
 (the CRs changed within ``FLOOD_WINDOW`` of the last change): a watch flooding changes
@@ -22,6 +25,7 @@ taken at once. While re-pins are pending, the next pass comes after
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -29,7 +33,8 @@ from typing import Any, Callable, Dict, List, Optional
 import structlog
 
 from anolisnuma.cluster.events import Event, EventRecorder, oenuma_regarding
-from anolisnuma.cluster.oenumas import CrRules, Key, OenumaSet, RuleBook, RulesFile
+from anolisnuma.cluster.node_caps import NodeCaps
+from anolisnuma.cluster.oenumas import CrRules, Key, OenumaSet, RuleBook, RulesFile, key_of
 from anolisnuma.cluster.report import StatusReporter
 from anolisnuma.controller import Controller
 
@@ -39,6 +44,7 @@ MIN_SPACING = 0.05
 FLOOD_SPACING = 0.2
 FLOOD_WINDOW = 0.5
 PENDING_INTERVAL = 0.2
+LOGGED = 50
 
 
 class ClusterSync(Controller):
@@ -59,7 +65,10 @@ class ClusterSync(Controller):
         self.reporter = reporter
         self.interval = self.every = interval_seconds
         self.current: List[CrRules] = []       # the CRs naming this node, in namespace/name order
-        self._by_key: Dict[Key, CrRules] = {}
+        self._by_key: Dict[Key, CrRules] = {}   # what each CR means now (refused when past the caps)
+        self._parsed: Dict[Key, CrRules] = {}   # what each CR's parse made of it
+        self._capped: Dict[Key, CrRules] = {}   # the refusal of each CR past the caps
+        self._caps = NodeCaps(book.trusted)
         self._order: List[Key] = []           # the keys of current, in its order
         self._unreported: Dict[Key, Optional[CrRules]] = {}   # changed since the last report (None: gone)
         self._version: Optional[int] = None
@@ -81,7 +90,8 @@ class ClusterSync(Controller):
         the others keep their :class:`CrRules` object, which the status reporter takes as
         "nothing new"; and the rules go to the placement service only when some CR's rules
         differ: a CR whose spec changed and whose rules did not (a field the rules do not
-        read, another node's entry) costs its parse and its status entry, nothing more."""
+        read, another node's entry) costs its parse and its status entry, nothing more.
+        The node's caps look at every CR only when the counts say some CR may be past them."""
         with self._lock:
             if self.crs.version == self._version:
                 return False
@@ -89,10 +99,26 @@ class ClusterSync(Controller):
             self._version = version
             if not changed:
                 return False
-            rules_changed = members_changed = False
             for key, obj in changed.items():
-                was = self._by_key.get(key)
+                was = self._parsed.get(key)
+                self._caps.count(was, -1)
                 cr = self._take(key, obj, was)
+                self._caps.count(cr, +1)
+                # (a CR at the bounds takes a few ms to parse: the relay, waiting for the
+                # interpreter lock meanwhile, gets it between two rather than after many)
+                time.sleep(0)
+            over = self._caps.over(lambda: list(self._parsed.values()))
+            rules_changed = members_changed = False
+            touched = []
+            for key in set(changed) | set(self._capped) | set(over):
+                was, cr = self._by_key.get(key), self._effective(key, over.get(key))
+                if cr is was:
+                    continue
+                touched.append(key)
+                if cr is None:
+                    self._by_key.pop(key, None)
+                else:
+                    self._by_key[key] = cr
                 if (was is None) != (cr is None):
                     members_changed = True
                 if (was.rules if was is not None else []) != (cr.rules if cr is not None else []):
@@ -105,7 +131,7 @@ class ClusterSync(Controller):
                 self.current = [self._by_key[k] for k in self._order]
             else:   # (the same CRs, some of them changed: each in its place, a copy of the list)
                 crs = list(self.current)
-                for key in changed:
+                for key in touched:
                     if key in self._by_key:   # (not one that named this node neither before nor now)
                         crs[bisect.bisect_left(self._order, key)] = self._by_key[key]
                 self.current = crs
@@ -113,8 +139,11 @@ class ClusterSync(Controller):
             changed_rules = rules_changed and self.placement.set_cluster_rules([r for cr in crs for r in cr.rules])
             if changed_rules:
                 self.rule_changes += 1
-                log.info("NUMA placement rules from Oenuma CRs", crs=[cr.ref for cr in crs],
-                         rules=[r.describe() for cr in crs for r in cr.rules], skipped=self.skipped_crs or None)
+                rules = [r for cr in crs for r in cr.rules]
+                # (the first ones: at the node's caps the whole list would be a line of 100s of kB)
+                log.info("NUMA placement rules from Oenuma CRs", crs=[cr.ref for cr in crs[:LOGGED]],
+                         crs_total=len(crs), rules=[r.describe() for r in rules[:LOGGED]], rules_total=len(rules),
+                         skipped=self.skipped_crs or None)
             if persist and (changed_rules or self._persisted is None):
                 # (a spec change that leaves the rules as they were needs no fsync: a flood of
                 # such changes would cost one per pass)
@@ -123,27 +152,64 @@ class ClusterSync(Controller):
                 self._persisted = version   # (they were read from the file)
             return changed_rules
 
+    def _effective(self, key: Key, over: Optional[str]) -> Optional[CrRules]:
+        """What the CR of ``key`` means now: its parse, or its refusal when ``over`` says why
+        it is past the node's caps (the same object while nothing changed: the reporter and
+        the events go by it)."""
+        parsed = self._parsed.get(key)
+        if parsed is None or over is None:
+            self._capped.pop(key, None)
+            return parsed
+        capped = self._capped.get(key)
+        error = f"refused: {over}"
+        if capped is None or capped.error != error or capped.generation != parsed.generation \
+                or capped.uid != parsed.uid:
+            capped = self._capped[key] = dataclasses.replace(parsed, rules=[], problems=[], refusals=[], error=error,
+                                                             refused=True)
+            self._tell_refused(capped, error)
+        return capped
+
     def _take(self, key: Key, obj: Optional[Dict[str, Any]], was: Optional[CrRules]) -> Optional[CrRules]:
         """The CR of ``key`` parsed again (None: it no longer names this node), told when
-        malformed or when entries of it are dropped."""
+        malformed, refused, or when entries of it are dropped."""
         if obj is None:
-            self._by_key.pop(key, None)
+            self._parsed.pop(key, None)
             return None
-        cr = self._by_key[key] = self.book.parse(key, obj)
-        if cr.error:
+        cr = self._parsed[key] = self.book.parse(key, obj)
+        if cr.refused:
+            self._tell_refused(cr, cr.error)
+        elif cr.error:
             log.error("Oenuma CR skipped: malformed", cr=cr.ref, generation=cr.generation, error=cr.error)
             if self.events is not None:
                 self.events.record(Event(oenuma_regarding(cr.key[0], cr.key[1], cr.uid), "Warning",
                                          "OenumaMalformed", "Skip", f"{self.crs.node_name}: skipped: {cr.error}"))
+        if cr.refusals:
+            self._tell_refused(cr, "; ".join(cr.refusals), whole=False)
         for problem in cr.problems if was is None or was.problems != cr.problems else ():
             log.warning("Oenuma CR entry ignored", cr=cr.ref, problem=problem)
         return cr
 
+    def _tell_refused(self, cr: CrRules, why: str, whole: bool = True) -> None:
+        """What the node refused of a CR, in its log and as a Warning event on the CR (its
+        status entry says it too, ``status.py``)."""
+        log.warning("Oenuma CR refused" if whole else "Oenuma CR parts refused", cr=cr.ref,
+                    generation=cr.generation, why=why[:1000])
+        if self.events is not None:
+            self.events.record(Event(oenuma_regarding(cr.key[0], cr.key[1], cr.uid), "Warning", "OenumaRefused",
+                                     "Refuse", f"{self.crs.node_name}: {why if whole else 'parts refused: ' + why}"))
+
     def _save(self, version: int, objects: List[Dict[str, Any]]) -> None:
+        """The CRs whose rules are in force (not those skipped, refused or past the caps:
+        what the file holds stays within the caps, and so does its reading at start)."""
         if version == self._persisted:
             return
+        in_force = []
+        for obj in objects:
+            cr = self._by_key.get(key_of(obj) or ("", ""))
+            if cr is not None and not cr.error:
+                in_force.append(obj)
         try:
-            self.rules_file.save(self.crs.node_name, objects)
+            self.rules_file.save(self.crs.node_name, in_force)
         except OSError as e:
             self.save_failures += 1
             log.error("cannot save the Oenuma rules; they still apply", path=self.rules_file.path, error=str(e))

@@ -175,7 +175,7 @@ def _cluster(c: Any) -> str:
         if topo.get("last_error"):
             text += f" (failing: {topo['last_error']})"
     if c.get("crs_skipped"):
-        text += f"; skipped as malformed: {', '.join(c['crs_skipped'])}"
+        text += f"; skipped (malformed or refused): {', '.join(c['crs_skipped'])}"
     if c.get("last_error"):
         text += f"; last error: {c['last_error']}"
     return text

@@ -86,13 +86,15 @@ class StateFormatTooNew(Exception):
         self.known = known
 
 
-def load_json_state(path: str, version: int, decode: Callable[[Dict[str, Any]], T]) -> Optional[T]:
+def load_json_state(path: str, version: int, decode: Callable[[Dict[str, Any]], T],
+                    max_bytes: int = STATE_MAX_BYTES) -> Optional[T]:
     """``decode(content)`` of the JSON object in ``path`` whose ``"version"`` is ``version``;
     ``decode`` raises ValueError or TypeError saying what is wrong. None when there is no
-    file, or when it was unusable: then it is moved aside with one error line. Raises
-    StateFormatTooNew, touching nothing, when its version is newer than ``version``."""
+    file, or when it was unusable (larger than ``max_bytes`` too): then it is moved aside
+    with one error line. Raises StateFormatTooNew, touching nothing, when its version is
+    newer than ``version``."""
     try:
-        data = json.loads(read_regular_file(path, STATE_MAX_BYTES, follow_symlinks=False))
+        data = json.loads(read_regular_file(path, max_bytes, follow_symlinks=False))
         found = data.get("version") if isinstance(data, dict) else None
         exact = type(found) is int   # (not a bool: True == 1)
         if exact and found > version:

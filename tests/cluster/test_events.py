@@ -29,7 +29,7 @@ def test_a_pod_re_pinned_by_a_cr_gets_an_event(cluster: Cluster, node: Node) -> 
 def test_a_malformed_cr_gets_an_event_and_its_repeats_a_series(cluster: Cluster, node: Node) -> None:
     bad = {"apiVersion": "resource.sop.huawei.com/v1alpha1", "kind": "Oenuma",
            "metadata": {"name": "evbad", "namespace": "batch"},
-           "spec": {"node": [{"name": node.name, "podAffinity": [{"podName": "x", "numaNum": -1}]}]}}
+           "spec": {"node": [{"name": node.name, "podAffinity": [{"podName": "x"}]}]}}   # (no numaNum)
     cluster.apply(json.dumps(bad))
     first = wait_until(lambda: events_about(cluster, "batch", "evbad"), "the CR's event")
     assert first[0]["reason"] == "OenumaMalformed" and first[0]["type"] == "Warning"

@@ -3,7 +3,10 @@ topology with FakeCri as containerd, when CRs are created, changed, deleted)."""
 
 from __future__ import annotations
 
-from cluster_helpers import Cluster, Node, oenuma
+import uuid
+from typing import Any
+
+from cluster_helpers import Cluster, Node, oenuma, start_node, stop_node
 
 from anolisnuma.testing.waiting import wait_until
 
@@ -27,7 +30,17 @@ def test_a_cr_created_changed_and_deleted_moves_a_running_pod(cluster: Cluster, 
     wait_until(lambda: node.settled(pod, back), "the balanced placement applied")
 
 
-def test_the_node_reports_in_the_cr_status(cluster: Cluster, node: Node) -> None:
+def test_the_node_reports_in_the_cr_status(cluster: Cluster, tmp_path: Any, sockdir: str) -> None:
+    # (a numa[] table: honoured from a namespace the node trusts only, test_cr_trust_live.py)
+    node = start_node(str(tmp_path), sockdir, cluster.kubeconfig, f"worker-{uuid.uuid4().hex[:8]}",
+                      trusted_namespaces=["batch"])
+    try:
+        _reports_in_the_cr_status(cluster, node)
+    finally:
+        stop_node(node)
+
+
+def _reports_in_the_cr_status(cluster: Cluster, node: Node) -> None:
     pod = node.kubelet.run("db-0")
     cluster.apply(oenuma("db", node.name, {"db-0": 3, "ghost": 1}, numa=[{"numaNum": 3, "cpuset": "7"}]))
     wait_until(lambda: node.settled(pod, (3,)), "the pod pinned")
@@ -51,13 +64,14 @@ def test_a_cr_with_garbage_fields_is_reported_and_skipped_the_others_apply(clust
 
     pod = node.kubelet.run("api-0")
     other = node.kubelet.run("worker-0")
-    # what the CRD's schema lets through: a cpuset that is no CPU list, a negative NUMA
-    # node, fields it does not know (pruned)
+    # what the CRD's schema lets through: a cpuset of CPU-list characters that is no CPU
+    # list (a reversed range), a podAffinity entry without its numaNum, fields it does not
+    # know (pruned)
     bad = {"apiVersion": "resource.sop.huawei.com/v1alpha1", "kind": "Oenuma",
            "metadata": {"name": "bad", "namespace": "batch"},
            "spec": {"node": [{"name": node.name, "bogus": {"x": 1},
-                              "numa": [{"numaNum": 1, "cpuset": "two-three"}],
-                              "podAffinity": [{"podName": "worker-0", "numaNum": -1}]}]}}
+                              "numa": [{"numaNum": 1, "cpuset": "3-1"}],
+                              "podAffinity": [{"podName": "worker-0"}]}]}}
     cluster.cp.kubectl("apply", "--validate=false", "-f", "-", input=json.dumps(bad))
     cluster.apply(oenuma("good", node.name, {"api-0": 2}))
     wait_until(lambda: node.settled(pod, (2,)), "the good CR applied")

@@ -6,6 +6,10 @@
 - :mod:`.balance`     placement decisions (balance, rule pins, memory widening)
 - :mod:`.ledger`      allocations and per-node loads
 - :mod:`.rules`       placement rules (config pins, ``Oenuma`` files)
+- :mod:`.oenuma_cr`   an Oenuma CR's rules under the node's trust
+- :mod:`.oenuma_bounds` an Oenuma CR's bounds, checked before it is parsed
+- :mod:`.glob`        CR name patterns matched in linear time, no regular expression
+- :mod:`.rule_index`  the first rule naming a pod, without a scan
 - :mod:`.selection`   which pods are managed
 - :mod:`.config`      the ``[numa]`` configuration section
 """

@@ -1,12 +1,14 @@
 """Placement rules: pods the operator pins to NUMA nodes.
 
-Two sources, one model (:class:`PinRule`):
+Three sources, one model (:class:`PinRule`):
 
 - ``[[numa.pin]]`` tables in the configuration (namespace and name patterns → nodes);
 - YAML files in the operator-numaadj ``Oenuma`` format (``apiVersion:
   resource.sop.huawei.com/v1alpha1``, ``kind: Oenuma``), whose ``spec.node[]`` entry for this
   node (matched by name) lists ``numa[]{numaNum, cpuset, memset}`` and
-  ``podAffinity[]{namespace, podName, numaNum}``.
+  ``podAffinity[]{namespace, podName, numaNum}``;
+- Oenuma CRs of the API server, read by :mod:`.oenuma_cr` with this module's entry reader,
+  under the node's trust (what a CR of a namespace the node does not trust may not do).
 
 Parsing is pure (text in, rules and problems out). A rule that names a NUMA node the
 machine does not have, or CPUs it does not have, is reported and dropped; the others apply.
@@ -15,11 +17,13 @@ machine does not have, or CPUs it does not have, is reported and dropped; the ot
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError, union_all
+from anolisnuma.policies.numa.glob import Glob
 from anolisnuma.policies.numa.topology import NumaTopology
 
 OENUMA_API_VERSION = "resource.sop.huawei.com/v1alpha1"
@@ -32,8 +36,15 @@ class RuleFileError(ValueError):
 
 @dataclass(frozen=True)
 class PinRule:
-    """Pods whose namespace and name match the patterns (shell-style, ``fnmatch``) go to
-    ``nodes``; ``cpus``/``mems`` override the nodes' CPUs and memory when given."""
+    """Pods whose namespace and name match the patterns go to ``nodes``; ``cpus``/``mems``
+    override the nodes' CPUs and memory when given.
+
+    The patterns of a rule written on the node (config pins, rule files: root's) are shell
+    patterns (``fnmatch``: ``*``, ``?``, ``[...]``); those of a rule from the API server
+    (``from_cluster``) have ``*`` and ``?`` only and are matched by :mod:`.glob`: no regular
+    expression is ever built from what a CR says. ``selects``: whether the rule may make a
+    pod NUMA-managed that the node's ``[numa]`` selection leaves alone (False for a CR of a
+    namespace the node does not trust: it pins only pods the node manages anyway)."""
 
     namespace: str
     name: str
@@ -41,23 +52,56 @@ class PinRule:
     cpus: Optional[CpuSet] = None
     mems: Optional[CpuSet] = None
     source: str = "config"
-    _ns_re: Any = field(default=None, compare=False, repr=False)
-    _name_re: Any = field(default=None, compare=False, repr=False)
+    from_cluster: bool = False
+    selects: bool = True
+    _ns: Any = field(default=None, compare=False, repr=False)
+    _name: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_ns_re", re.compile(fnmatch.translate(self.namespace)))
-        object.__setattr__(self, "_name_re", re.compile(fnmatch.translate(self.name)))
+        make = _glob if self.from_cluster else _Shell
+        object.__setattr__(self, "_ns", make(self.namespace))
+        object.__setattr__(self, "_name", make(self.name))
 
     def matches(self, namespace: str, name: str) -> bool:
-        return bool(self._ns_re.match(namespace)) and bool(self._name_re.match(name))
+        return self._ns.matches(namespace) and self._name.matches(name)
+
+    @property
+    def exact_namespace(self) -> bool:
+        """Whether the namespace is a name, not a pattern (the rule index's buckets)."""
+        return self._ns.literal is not None
+
+    @property
+    def exact_name(self) -> bool:
+        return self._name.literal is not None
 
     def describe(self) -> str:
-        text = f"{self.source}: {self.namespace}/{self.name} -> node {','.join(map(str, self.nodes))}"
+        who = self.source if self.selects else f"{self.source} [pods [numa] manages only]"
+        text = f"{who}: {self.namespace}/{self.name} -> node {','.join(map(str, self.nodes))}"
         if self.cpus is not None:
             text += f" cpus {self.cpus}"
         if self.mems is not None:
             text += f" mems {self.mems}"
         return text
+
+
+@functools.lru_cache(maxsize=4096)
+def _glob(pattern: str) -> Glob:
+    """One matcher per pattern (they are immutable): a CR changed is parsed again with the
+    same names, and its rules share their namespace's."""
+    return Glob(pattern)
+
+
+class _Shell:
+    """A shell pattern of a rule written on the node (fnmatch's, classes and all)."""
+
+    __slots__ = ("literal", "_re")
+
+    def __init__(self, pattern: str) -> None:
+        self.literal: Optional[str] = None if any(c in pattern for c in "*?[") else pattern
+        self._re = None if self.literal is not None else re.compile(fnmatch.translate(pattern))
+
+    def matches(self, name: str) -> bool:
+        return name == self.literal if self._re is None else bool(self._re.match(name))
 
 
 @dataclass(frozen=True)
@@ -102,40 +146,59 @@ def parse_oenuma_documents(documents: Iterable[Any], source: str, node_name: str
         if doc is None:
             continue
         where = f"{source} document {index + 1}"
-        if not isinstance(doc, dict):
-            raise RuleFileError(f"{where}: not a mapping")
-        if doc.get("kind") != OENUMA_KIND:
+        header = oenuma_header(doc, where, f"document {index + 1}")
+        if header is None:
             continue
-        if doc.get("apiVersion") != OENUMA_API_VERSION:
-            raise RuleFileError(f"{where}: apiVersion must be {OENUMA_API_VERSION}, not {doc.get('apiVersion')!r}")
-        meta = doc.get("metadata") or {}
-        if not isinstance(meta, dict):
-            raise RuleFileError(f"{where}: metadata is not a mapping")
-        cr_name = meta.get("name") if isinstance(meta.get("name"), str) else f"document {index + 1}"
-        cr_namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else ""
-        spec = doc.get("spec")
-        if not isinstance(spec, dict):
-            raise RuleFileError(f"{where}: spec is missing or not a mapping")
-        node_list = spec.get("node")
-        if node_list is None:
-            node_list = []
-        if not isinstance(node_list, list):
-            raise RuleFileError(f"{where}: spec.node is not a list")
+        cr_name, cr_namespace, node_list = header
         for ni, entry in enumerate(node_list):
             at = f"{where}: spec.node[{ni}]"
-            if not isinstance(entry, dict):
-                raise RuleFileError(f"{at} is not a mapping")
-            name = entry.get("name")
-            if not isinstance(name, str) or not name:
-                raise RuleFileError(f"{at}.name is missing or not a string")
-            numa_table = _numa_table(entry.get("numa"), at)
-            affinity = _affinity(entry.get("podAffinity"), at, cr_namespace)
+            name, numa_table, affinity = read_node_entry(entry, at, cr_namespace)
             if name.strip().lower() != want:
                 continue
-            r, p = _rules_for_node(numa_table, affinity, f"{source} ({OENUMA_KIND} {cr_name})", at, topology)
+            r, p = rules_for_node(numa_table, affinity, f"{source} ({OENUMA_KIND} {cr_name})", at, topology)
             rules.extend(r)
             problems.extend(p)
     return rules, problems
+
+
+def oenuma_header(doc: Any, where: str, unnamed: str) -> Optional[Tuple[str, str, List[Any]]]:
+    """``(name, namespace, spec.node)`` of an Oenuma document; None for a document of
+    another kind; :class:`RuleFileError` when it is not a well-formed Oenuma."""
+    if not isinstance(doc, dict):
+        raise RuleFileError(f"{where}: not a mapping")
+    if doc.get("kind") != OENUMA_KIND:
+        return None
+    if doc.get("apiVersion") != OENUMA_API_VERSION:
+        raise RuleFileError(f"{where}: apiVersion must be {OENUMA_API_VERSION}, not {doc.get('apiVersion')!r}")
+    meta = doc.get("metadata") or {}
+    if not isinstance(meta, dict):
+        raise RuleFileError(f"{where}: metadata is not a mapping")
+    cr_name = meta.get("name") if isinstance(meta.get("name"), str) else unnamed
+    cr_namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else ""
+    spec = doc.get("spec")
+    if not isinstance(spec, dict):
+        raise RuleFileError(f"{where}: spec is missing or not a mapping")
+    node_list = spec.get("node")
+    if node_list is None:
+        node_list = []
+    if not isinstance(node_list, list):
+        raise RuleFileError(f"{where}: spec.node is not a list")
+    return cr_name, cr_namespace, node_list
+
+
+NumaTable = Dict[int, Tuple[Optional[CpuSet], Optional[CpuSet]]]
+Affinity = List[Tuple[str, str, int, str]]   # (namespace, pod name, numaNum, where)
+
+
+def read_node_entry(entry: Any, at: str, default_namespace: str) -> Tuple[str, NumaTable, Affinity]:
+    """``(name, numa table, podAffinity)`` of one ``spec.node[]`` entry; RuleFileError
+    when it is malformed."""
+    if not isinstance(entry, dict):
+        raise RuleFileError(f"{at} is not a mapping")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise RuleFileError(f"{at}.name is missing or not a string")
+    return name, _numa_table(entry.get("numa"), at), _affinity(entry.get("podAffinity"), at, default_namespace)
 
 
 def _int(value: Any, at: str) -> int:
@@ -157,12 +220,12 @@ def _cpu_list(value: Any, at: str) -> Optional[CpuSet]:
         raise RuleFileError(f"{at}: {e}") from e
 
 
-def _numa_table(value: Any, at: str) -> Dict[int, Tuple[Optional[CpuSet], Optional[CpuSet]]]:
+def _numa_table(value: Any, at: str) -> NumaTable:
     if value is None:
         return {}
     if not isinstance(value, list):
         raise RuleFileError(f"{at}.numa is not a list")
-    table: Dict[int, Tuple[Optional[CpuSet], Optional[CpuSet]]] = {}
+    table: NumaTable = {}
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise RuleFileError(f"{at}.numa[{i}] is not a mapping")
@@ -172,7 +235,7 @@ def _numa_table(value: Any, at: str) -> Dict[int, Tuple[Optional[CpuSet], Option
     return table
 
 
-def _affinity(value: Any, at: str, default_namespace: str) -> List[Tuple[str, str, int, str]]:
+def _affinity(value: Any, at: str, default_namespace: str) -> Affinity:
     if value is None:
         return []
     if not isinstance(value, list):
@@ -192,12 +255,13 @@ def _affinity(value: Any, at: str, default_namespace: str) -> List[Tuple[str, st
     return out
 
 
-def _rules_for_node(numa_table: Dict[int, Tuple[Optional[CpuSet], Optional[CpuSet]]],
-                    affinity: List[Tuple[str, str, int, str]], source: str, at: str,
-                    topology: NumaTopology) -> Tuple[List[PinRule], List[str]]:
+def rules_for_node(numa_table: NumaTable, affinity: Affinity, source: str, at: str, topology: NumaTopology,
+                   from_cluster: bool = False, selects: bool = True) -> Tuple[List[PinRule], List[str]]:
+    """The rules of one node entry (``from_cluster``, ``selects``: see :class:`PinRule`),
+    and the problems of the entries dropped because the machine lacks what they name."""
     problems: List[str] = []
     # Check the numa[] table against the machine first: a bad entry disables its node.
-    usable: Dict[int, Tuple[Optional[CpuSet], Optional[CpuSet]]] = {}
+    usable: NumaTable = {}
     for num, (cpus, mems) in numa_table.items():
         if not topology.has_node(num):
             problems.append(f"{at}: numaNum {num} does not exist on this machine; entry ignored")
@@ -234,5 +298,6 @@ def _rules_for_node(numa_table: Dict[int, Tuple[Optional[CpuSet], Optional[CpuSe
         mems = None
         if any(m is not None for m in mems_list):
             mems = union_all(m if m is not None else CpuSet([n]) for m, n in zip(mems_list, nodes))
-        rules.append(PinRule(namespace=ns, name=pod, nodes=tuple(nodes), cpus=cpus, mems=mems, source=source))
+        rules.append(PinRule(namespace=ns, name=pod, nodes=tuple(nodes), cpus=cpus, mems=mems, source=source,
+                             from_cluster=from_cluster, selects=selects))
     return rules, problems
