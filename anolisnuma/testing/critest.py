@@ -36,6 +36,8 @@ PORTMAP_CHAINS = ("CNI-HOSTPORT-DNAT", "CNI-HOSTPORT-SNAT", "CNI-HOSTPORT-SETMAR
 SHIPPED_CONFIG = os.path.join(REPO_ROOT, "config.toml")
 
 Results = Dict[str, Dict[str, Any]]   # spec name -> {state, seconds, failure, start, end}
+# The tables of a test session's runs (build -> lines), for its closing summary.
+TABLES: Dict[str, List[str]] = {}
 
 
 def cri_tools() -> Tuple[str, str]:

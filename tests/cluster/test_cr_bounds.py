@@ -49,7 +49,7 @@ class Applies:
         self.entries: Dict[Tuple[str, str], Optional[Dict[str, Any]]] = {}
 
     def apply_oenuma_status(self, namespace: str, name: str, body: Dict[str, Any], manager: str) -> None:
-        nodes = body["status"].get("nodes")
+        nodes = (body.get("status") or {}).get("nodes")   # no status: the last entry was removed
         self.entries[(namespace, name)] = nodes[0] if nodes else None
 
 

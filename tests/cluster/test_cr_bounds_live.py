@@ -53,7 +53,8 @@ def test_the_api_server_refuses_crs_over_the_bounds(cluster: Cluster, doc: Dict[
 
 
 def shown_manifests() -> List[Any]:
-    """Every Oenuma of the docs and README (as written, or after a ``$ cat x.yaml``), and
+    """Every Oenuma of the docs and README (as written, after a ``$ cat x.yaml``, or in a
+    here-document), and
     the operator-format example the rule tests parse."""
     found: List[Any] = []
     for rel in ("README.md", "docs/cluster.md", "docs/numa.md"):
@@ -63,7 +64,8 @@ def shown_manifests() -> List[Any]:
             start = block.find("apiVersion: resource.sop.huawei.com/")
             if start < 0:
                 continue
-            body = re.split(r"^\$ ", block[start:], flags=re.M)[0]
+            # up to the next command, or the end of a here-document (`<<'EOF'` ... `EOF`)
+            body = re.split(r"^(?:\$ |EOF$)", block[start:], flags=re.M)[0]
             found.extend(d for d in yaml.safe_load_all(body) if isinstance(d, dict) and d.get("kind") == "Oenuma")
     with open(os.path.join(REPO_ROOT, "tests", "policies", "numa", "test_numa_rules.py")) as f:
         tree = ast.parse(f.read())

@@ -31,8 +31,8 @@ def namespaces(cluster: Cluster) -> None:
 def trusting(cluster: Cluster, tmp_path: Any, sockdir: str) -> Iterator[Node]:
     """A node that trusts ADMIN."""
     namespaces(cluster)
-    n = start_node(str(tmp_path), sockdir, cluster.kubeconfig, f"worker-{uuid.uuid4().hex[:8]}",
-                   trusted_namespaces=[ADMIN])
+    name = f"worker-{uuid.uuid4().hex[:8]}"
+    n = start_node(str(tmp_path), sockdir, cluster.node_kubeconfig(name), name, trusted_namespaces=[ADMIN])
     try:
         yield n
     finally:

@@ -32,8 +32,8 @@ def test_a_cr_created_changed_and_deleted_moves_a_running_pod(cluster: Cluster, 
 
 def test_the_node_reports_in_the_cr_status(cluster: Cluster, tmp_path: Any, sockdir: str) -> None:
     # (a numa[] table: honoured from a namespace the node trusts only, test_cr_trust_live.py)
-    node = start_node(str(tmp_path), sockdir, cluster.kubeconfig, f"worker-{uuid.uuid4().hex[:8]}",
-                      trusted_namespaces=["batch"])
+    name = f"worker-{uuid.uuid4().hex[:8]}"
+    node = start_node(str(tmp_path), sockdir, cluster.node_kubeconfig(name), name, trusted_namespaces=["batch"])
     try:
         _reports_in_the_cr_status(cluster, node)
     finally:

@@ -31,7 +31,7 @@ HOSTILE = [oenuma("many", [{"podName": f"p-{i}", "numaNum": i % 4} for i in rang
 
 def unreachable_kubeconfig(cluster: Cluster, path: str) -> str:
     """The cluster's kubeconfig with its server on a port nobody listens on."""
-    with open(cluster.kubeconfig) as f:
+    with open(cluster.node_kubeconfig("unreachable-node")) as f:
         config = yaml.safe_load(f)
     config["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:9"
     with open(path, "w") as f:

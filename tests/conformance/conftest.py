@@ -12,15 +12,14 @@ the end of the session, so that CI's log carries the figures.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
+from typing import Optional
 
 import pytest
 
 from anolisnuma.testing.containerd_builds import builds_for_tests
-from anolisnuma.testing.critest import cri_tools_missing
+from anolisnuma.testing.critest import TABLES, cri_tools_missing
 
 REQUIRE = os.environ.get("ANOLISNUMA_REQUIRE_CONFORMANCE") == "1"
-TABLES: Dict[str, List[str]] = {}   # build -> table lines, filled by the tests
 
 
 def skip_reason() -> Optional[str]:

@@ -21,11 +21,11 @@ import shutil
 from typing import Any, Dict, List
 
 import pytest
-from conftest import TABLES
 
 from anolisnuma.ctl.client import ask
 from anolisnuma.testing.containerd_builds import builds_for_tests
 from anolisnuma.testing.critest import (
+    TABLES,
     ConformanceLab,
     Results,
     counts,
