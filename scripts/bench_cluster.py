@@ -146,11 +146,15 @@ def main() -> None:
     ap.add_argument("--py-spy", default="", metavar="OUT", help="sample the daemon during the flood into OUT")
     ap.add_argument("--hostile", action="store_true", help="CRs at the caps and over them (bench_hostile.py)")
     ap.add_argument("--hostile-seconds", type=float, default=60.0, help="how long the CRs are applied again")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="--hostile: leave the control plane on the node's CPUs (bench_hostile.py)")
     ap.add_argument("--hostile-rounds", type=int, default=300,
                     help="rounds (10 Versions, 1 CreateContainer) before the CRs and once they are in force")
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="anolisnuma-bench-cluster-")
-    cp = PrivateControlPlane.start_new()
+    # etcd on tmpfs: its fsyncs would slow the daemons' own state writes on this disk, which
+    # a node does not share with the control plane
+    cp = PrivateControlPlane.start_new(parent="/dev/shm" if args.hostile and args.pin else "/tmp")
     fake = FakeCri(os.path.join(base, "containerd.sock"), containers=0, sandboxes=0).start()
     try:
         cp.kubectl("apply", "-f", os.path.join(REPO, "deploy", "crd-oenuma.yaml"))

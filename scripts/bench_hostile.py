@@ -16,17 +16,22 @@ a daemon (subprocess, FakeCri as containerd, the private kube-apiserver, NUMA on
    namespace's pods and a numa[] table: refused parts);
    then for ``--hostile-seconds`` every CR is sent again, changed, round after round (each
    one parsed again by the daemon) while Version and CreateContainer are measured, on the
-   daemon and on one with ``[kubernetes]`` off beside it (the load of the API server and
-   etcd falls on both);
+   daemon and on one with ``[kubernetes]`` off beside it;
 4. once the daemon has them in force, the same again, with nothing changing.
+
+On a node the API server, etcd and whoever writes the CRs run elsewhere. Here they share
+the machine: with two CPUs or more, they (and the CR writer, a process of its own) are
+pinned to the last CPU and the node's side (the daemons, the fake containerd, the
+measuring clients) to the others, so that what is measured is what the daemon's own work on
+the CRs costs the relay, not the control plane's (``--no-pin`` measures all of it together).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import multiprocessing
 import os
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -175,6 +180,10 @@ def run_hostile(cp: Any, fake: Any, args: Any, base: str, plain: Any, daemon_cla
     d = daemon_class(os.path.join(base, "on"), fake, cp.admin_kubeconfig)
     try:
         wait_until(lambda: d.cluster().get("state") == "synced", "the daemon's link", 120)
+        control_cpu = None
+        if args.pin:
+            print(pin_apart(cp, [d.pid, plain.pid]))
+            control_cpu = {sorted(os.sched_getaffinity(cp.apiserver.pid))[-1]} if cp.apiserver else None
         daemons = {"on": d, "off": plain}
         pods = {k: Pods(v.kubelet) for k, v in daemons.items()}
         measure(daemons, pods, lambda: True, 20)   # (warm: the first calls of each path)
@@ -188,7 +197,7 @@ def run_hostile(cp: Any, fake: Any, args: Any, base: str, plain: Any, daemon_cla
         cp.kubectl("wait", "--for=condition=Established", f"crd/oenumas.{G}")
         crs = at_caps() + over_caps()
         since = cpu_seconds(d.pid), time.monotonic()
-        during, rounds = applying(cp, crs, daemons, pods, args.hostile_seconds)
+        during, rounds = applying(cp, crs, daemons, pods, args.hostile_seconds, control_cpu)
         print(line(f"while {len(crs)} CRs are applied, {rounds} rounds of them in {args.hostile_seconds:g} s",
                    during, baseline) + f"; daemon CPU {cpu_share(cpu_seconds, d.pid, since)}")
         c = wait_until(lambda: _settled(d), "the CRs in force", 300)
@@ -216,12 +225,40 @@ def api_server_refusals(cp: Any) -> List[str]:
     return out
 
 
+def pin_apart(cp: Any, node_pids: List[int]) -> str:
+    """The control plane on the last CPU, the node's side on the others; what was done."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return "not pinned (one CPU)"
+    control, node = {cpus[-1]}, set(cpus[:-1])
+    for proc in (cp.etcd, cp.apiserver):
+        if proc is not None:
+            os.sched_setaffinity(proc.pid, control)
+    for pid in node_pids + [0]:   # 0: this process, the fake containerd's and the clients'
+        os.sched_setaffinity(pid, node)
+    return f"control plane and CR writer on CPU {cpus[-1]}, the node's side on {sorted(node)}"
+
+
 def applying(cp: Any, crs: List[Dict[str, Any]], daemons: Dict[str, Any], pods: Dict[str, Pods],
-             seconds: float) -> Tuple[Sample, int]:
+             seconds: float, control_cpu: Any = None) -> Tuple[Sample, int]:
     """Every CR created, then sent again changed (each entry's NUMA node turned), round
-    after round for ``seconds``, while the calls are measured."""
-    stop = threading.Event()
-    rounds = [0]
+    after round for ``seconds``, while the calls are measured. The writer is a process of
+    its own (forked), so that encoding megabytes of CRs never holds this process's
+    interpreter lock, which the fake containerd and the measuring clients need."""
+    ctx = multiprocessing.get_context("fork")
+    stop, rounds = ctx.Event(), ctx.Value("i", 0)
+    writer = ctx.Process(target=_write_rounds, args=(cp, crs, stop, rounds, control_cpu), daemon=True)
+    writer.start()
+    deadline = time.monotonic() + seconds
+    sample = measure(daemons, pods, lambda: time.monotonic() > deadline, 20)
+    stop.set()
+    writer.join(300)
+    return sample, rounds.value
+
+
+def _write_rounds(cp: Any, crs: List[Dict[str, Any]], stop: Any, rounds: Any, control_cpu: Any) -> None:
+    if control_cpu is not None:
+        os.sched_setaffinity(0, control_cpu)
     path = f"/apis/{G}/{V}/namespaces/%s/oenumas"
 
     def send(doc: Dict[str, Any], first: bool) -> None:
@@ -232,21 +269,13 @@ def applying(cp: Any, crs: List[Dict[str, Any]], daemons: Dict[str, Any], pods: 
             cp.request("PATCH", f"{path % ns}/{name}", {"spec": doc["spec"]},
                        content_type="application/merge-patch+json", timeout=120)
 
-    def writer() -> None:
-        docs = copy.deepcopy(crs)
-        with ThreadPoolExecutor(4) as pool:
-            list(pool.map(lambda doc: send(doc, True), docs))
-            while not stop.is_set():
-                rounds[0] += 1
-                for doc in docs:
-                    for item in doc["spec"]["node"][0]["podAffinity"]:
-                        item["numaNum"] = (item["numaNum"] + 1) % 4
-                list(pool.map(lambda doc: send(doc, False), docs))
-
-    thread = threading.Thread(target=writer, name="hostile-writer", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + seconds
-    sample = measure(daemons, pods, lambda: time.monotonic() > deadline, 20)
-    stop.set()
-    thread.join(300)
-    return sample, rounds[0]
+    docs = copy.deepcopy(crs)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda doc: send(doc, True), docs))
+        while not stop.is_set():
+            with rounds.get_lock():
+                rounds.value += 1
+            for doc in docs:
+                for item in doc["spec"]["node"][0]["podAffinity"]:
+                    item["numaNum"] = (item["numaNum"] + 1) % 4
+            list(pool.map(lambda doc: send(doc, False), docs))

@@ -125,8 +125,10 @@ class PrivateControlPlane:
         self._logs: List[Any] = []
 
     @classmethod
-    def start_new(cls, prefix: str = "anolisnuma-k8s-") -> "PrivateControlPlane":
-        cp = cls(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    def start_new(cls, prefix: str = "anolisnuma-k8s-", parent: str = "/tmp") -> "PrivateControlPlane":
+        """Started under a new directory of ``parent`` (``/dev/shm``: etcd's writes never
+        reach the disk, as when the control plane runs on other machines)."""
+        cp = cls(tempfile.mkdtemp(prefix=prefix, dir=parent))
         try:
             cp.start()
         except BaseException:
