@@ -97,8 +97,11 @@ class QosApplier:
             try:
                 write_text(t.path, str(t.value))
             except (FileGone, KnobFileMissing):
+                # Looked at once: a directory that appears after this look is one that was
+                # not there when written (gone, or not made yet: the next call or pass
+                # writes it), never a file this kernel lacks.
                 if not directory_of_exists(t.path):
-                    raise
+                    return Outcome.GONE
                 # The directory is there now: it may have appeared (with its files) just
                 # after the write failed. Once more before the file is called missing.
                 write_text(t.path, str(t.value))
