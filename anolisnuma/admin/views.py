@@ -71,7 +71,7 @@ def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]
     knobs = None
     if qos is not None:
         knobs = {"supported": sorted(qos.support.supported),
-                 "unsupported": dict(sorted(qos.support.unsupported.items())),
+                 "unsupported": dict(sorted(qos.support.lacking_lines())),
                  "cgroup_version": qos.cgroups.version, "dry_run": qos.cfg.dry_run,
                  "kubelet_cgroups": qos.cgroups.layout.as_dict()}
     resync = daemon.runtime_resync

@@ -94,7 +94,7 @@ class QosService(PodStateHolder):
         if config.enabled:
             self.support = probe_support(self.cgroups, self.sysctls, self.resctrl_fs,
                                          probe_cgroup=not config.dry_run)
-            for name, reason in self.support.report_lines():
+            for name, reason in self.support.lacking_lines():
                 self.log.info(f"unsupported knob {name}: {reason}", knob=name, reason=reason)
         self.applier = QosApplier(self.cgroups, self.sysctls, dry_run=config.dry_run, log=self.log)
         self.applier.sched_core_supported = self.support.has(knobs.SCHED_CORE)
