@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The pod markings that decide a policy, shown by `explain` (no other annotation is shown),
 # besides the opt-out keys of [hooks] skip_keys.
-POLICY_KEYS = ("anolisbox.sh/qoslevel", "koordinator.sh/qosClass", "anolisbox.sh/llc_limit",
-               "numa.anolisnuma.io/skip")
+POLICY_KEYS = ("anolisbox.sh/qoslevel", "koordinator.sh/qosClass", "volcano.sh/preemptable",
+               "anolisbox.sh/llc_limit", "numa.anolisnuma.io/skip")
 _HEX_ID = re.compile(r"^[0-9a-f]{6,64}$")
 
 
@@ -261,7 +261,8 @@ class _PolicyFacts:
             return {"level": None, **_qos_skip_reason(rec, hook)}
         return {"level": managed.level.value, "source": managed.source, "why": managed.why,
                 "llc_group": managed.llc_group, "cgroup": managed.cgroup.rel,
-                "containers": len(managed.containers), "knobs": _knobs_of(managed, hook)}
+                "containers": len(managed.containers), "knobs": _knobs_of(managed, hook),
+                **({"refused": managed.refused} if managed.refused else {})}
 
     def numa(self, rec: PodRecord) -> Dict[str, Any]:
         service = self.placement
@@ -319,12 +320,12 @@ def describe_move(move: Dict[str, Any]) -> str:
 
 
 def _knobs_of(managed: Any, hook: "QosHook") -> Dict[str, Any]:
-    """What the pod's level means on this kernel: the knob files kept at a value (pod and
-    container cgroups), and the knobs the level has that this kernel lacks."""
-    from anolisnuma.policies.qos.plan import level_knob_report
-
-    return level_knob_report(hook.cfg, managed.level, hook.support, managed.targets,
-                             [t for c in managed.containers.values() for t in c.targets])
+    """What the pod's level means on this kernel, as decided when it was admitted: the knob
+    files kept at a value (pod and container cgroups), the knobs the level has that this
+    kernel lacks, those it has that would not act here (not written, and why), and the
+    kernel families found."""
+    report: Dict[str, Any] = managed.writes.report(hook.cfg.dry_run) if managed.writes is not None else {}
+    return {**report, "family": "+".join(hook.service.plan.families) or "none"}
 
 
 def _qos_skip_reason(rec: PodRecord, hook: "QosHook") -> Dict[str, str]:
