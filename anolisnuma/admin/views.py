@@ -68,12 +68,7 @@ def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]
             **{f"{stage}_{outcome}": counters.get(f"hook_{h.name}_{stage}_{outcome}", 0)
                for stage in ("pre", "post") for outcome in ("ok", "failed")}})
     qos = qos_hook(daemon)
-    knobs = None
-    if qos is not None:
-        knobs = {"supported": sorted(qos.support.supported),
-                 "unsupported": dict(sorted(qos.support.lacking_lines())),
-                 "cgroup_version": qos.cgroups.version, "dry_run": qos.cfg.dry_run,
-                 "kubelet_cgroups": qos.cgroups.layout.as_dict()}
+    knobs = _kernel_knobs(qos) if qos is not None else None
     resync = daemon.runtime_resync
     relay = daemon.relay
     return {
@@ -112,6 +107,27 @@ def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]
         "structures": structures(daemon),
         **surfaces,
     }
+
+
+def _kernel_knobs(qos: "QosHook") -> Dict[str, Any]:
+    """What the QoS hook found on this kernel and will write: the families found (each with
+    its files here), the files it has, those it lacks (of the families found: a family this
+    kernel does not have is one entry, not a line per file), and the writes decided at
+    start for each level and place."""
+    from anolisnuma.system.knobs import ALL_KNOBS, FAMILIES
+
+    support, plan = qos.support, qos.service.plan
+    summary = plan.summary()
+    return {"supported": sorted(support.supported),
+            "unsupported": dict(sorted(support.lacking_lines())),
+            "family": "+".join(plan.families) or "none",
+            "families": [{"name": f.name, "title": f.title, "kernels": f.kernels, "found": f.name in plan.families,
+                          "files": [k.name for k in ALL_KNOBS if k.family == f.name and support.has(k)]}
+                         for f in FAMILIES],
+            "writes": {k: v for k, v in summary.items() if k not in ("families", "held")},
+            "held": summary["held"],
+            "cgroup_version": qos.cgroups.version, "dry_run": qos.cfg.dry_run,
+            "kubelet_cgroups": qos.cgroups.layout.as_dict()}
 
 
 def health(result: Dict[str, Any]) -> Dict[str, Any]:

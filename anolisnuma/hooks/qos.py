@@ -88,7 +88,7 @@ class QosHook(Hook):
         self.log.info("qos hook ready", enabled=config.enabled, dry_run=config.dry_run,
                       cgroup_version=s.cgroups.version, cgroup_root=s.cgroups.root,
                       kubelet_cgroups=s.cgroups.layout.describe(),
-                      supported=sorted(s.support.supported))
+                      supported=sorted(s.support.supported), families=list(s.plan.families))
 
     def wants_pre(self, method: str) -> bool:
         return method in (RUN_POD_SANDBOX, START_CONTAINER)
