@@ -25,21 +25,10 @@ from anolisnuma.config import Config
 from anolisnuma.testing.fake_cri import FakeCri, hex_id, runtime_path
 from anolisnuma.testing.fake_kernel import FRESH_VALUES, FakeKernel, family_options
 from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
+from anolisnuma.testing.qos_defaults import ALINUX_CONTAINER_KNOBS, ALINUX_POD, OPENEULER
 from cri_proto import api_pb2 as pb
 
 QOS, KOORD, RUBIK = "anolisbox.sh/qoslevel", "koordinator.sh/qosClass", "volcano.sh/preemptable"
-OPENEULER = {lv: {"cpu.qos_level": v, "memory.qos_level": v}
-             for lv, v in (("LSE", 0), ("LSR", 0), ("LS", 0), ("BE", -1))}
-ALINUX_POD = {
-    "LSE": {"cpu.bvt_warp_ns": 2, "memory.priority": 5, "memory.use_priority_oom": 1,
-            "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-    "LSR": {"cpu.bvt_warp_ns": 2, "memory.priority": 10, "memory.use_priority_oom": 1,
-            "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-    "LS": {"cpu.bvt_warp_ns": 1, "memory.priority": 10, "memory.use_priority_oom": 1,
-           "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-    "BE": {"cpu.bvt_warp_ns": -1, "memory.priority": 0, "memory.use_priority_oom": 1,
-           "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": 50}}
-ALINUX_CONTAINER_KNOBS = ("cpu.bvt_warp_ns", "memory.wmark_ratio", "memory.wmark_scale_factor", "memory.wmark_min_adj")
 
 # name, kube class, annotations, labels -> level (every way a pod gets one)
 PODS = [

@@ -12,9 +12,10 @@ from test_qos_hook import Pod, config, snapshot
 from anolisnuma.decision_events import QosApplied, QosLevelRefused
 from anolisnuma.hooks.qos import QosHook
 from anolisnuma.testing.fake_kernel import family_options
+from anolisnuma.testing.qos_defaults import OPENEULER
 
 QL = ("cpu.qos_level", "memory.qos_level")
-VALUE = {"LSE": 0, "LSR": 0, "LS": 0, "BE": -1}
+VALUE = {level: files["cpu.qos_level"] for level, files in OPENEULER.items()}
 RUBIK = "volcano.sh/preemptable"
 
 
