@@ -2,8 +2,9 @@
 
 The hook only translates: it reads the CRI messages, asks
 :class:`~anolisnuma.qos.service.QosService` (which decides each pod's level, keeps the pods
-and writes group identity, OOM priority, async reclaim and LLC/MBA), and puts the answer in
-the call (its decision note, or the refused writes as :class:`QosApplyError`).
+and writes what this kernel's family offers: group identity, OOM priority, async reclaim on
+Alibaba Cloud Linux / Anolis, cpu.qos_level and memory.qos_level on openEuler; and
+LLC/MBA), and puts the answer in the call (its decision note, or the refused writes as :class:`QosApplyError`).
 
 =====================  =====  =========================================================
 call                   stage  what happens
