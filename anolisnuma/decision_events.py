@@ -2,7 +2,7 @@
 
 The NUMA placement service, the traffic-affinity controller and the QoS hook report each
 decision they take about a pod (placed, moved, move rolled back, QoS level applied or
-skipped) to a :data:`DecisionEvents` sink: a callable taking one of the fact classes
+skipped, a level refused) to a :data:`DecisionEvents` sink: a callable taking one of the fact classes
 below. The daemon wires the sink once the hooks are built: with ``[kubernetes]`` on, the
 cluster side's (``anolisnuma/cluster/pod_events.py``) turns each fact into a Kubernetes
 event on the pod; otherwise it is :func:`no_events`.
@@ -90,6 +90,18 @@ class QosApplied:
 
 
 @dataclass(frozen=True)
+class QosLevelRefused:
+    """The level a pod's markings ask for was refused: it would turn an offline pod online
+    while it runs, which the kernel does not allow. The pod is ``kept`` at the level it
+    had (its writes those of that level); ``why`` says so and what to do."""
+
+    pod: PodRef
+    wanted: str
+    kept: str
+    why: str
+
+
+@dataclass(frozen=True)
 class QosSkipped:
     """The QoS hook manages no such pod: ``why`` (its cgroup cannot be placed)."""
 
@@ -97,7 +109,7 @@ class QosSkipped:
     why: str
 
 
-Decision = Union[NumaPlaced, NumaMoved, NumaMoveFailed, QosApplied, QosSkipped]
+Decision = Union[NumaPlaced, NumaMoved, NumaMoveFailed, QosApplied, QosLevelRefused, QosSkipped]
 DecisionEvents = Callable[[Decision], None]
 
 
@@ -111,5 +123,6 @@ def pod_ref(ref: str, uid: str) -> PodRef:
     return PodRef(namespace, name, uid) if name else PodRef("", ref, uid)
 
 
-__all__ = ["PodRef", "NumaPlaced", "NumaMoved", "NumaMoveFailed", "QosApplied", "QosSkipped", "Decision",
+__all__ = ["PodRef", "NumaPlaced", "NumaMoved", "NumaMoveFailed", "QosApplied", "QosLevelRefused", "QosSkipped",
+           "Decision",
            "DecisionEvents", "no_events", "pod_ref"]

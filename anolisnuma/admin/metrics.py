@@ -35,6 +35,8 @@ Families (all prefixed ``anolisnuma_``):
 ``numa_pending_updates``                  placements waiting for the repin loop
 ``qos_pods``                              level: managed pods
 ``qos_knob_supported``                    knob: 1 when this kernel has it
+``qos_kernel_family``                     family (alinux, openeuler): 1 when this kernel
+                                          has its files
 ``reconcile_runs_total``,                 reconciler (qos, numa_repin): passes, values
 ``reconcile_drift_fixed_total``,          put back (files rewritten, cpusets repinned)
 ``reconcile_errors_total``                and failures
@@ -89,6 +91,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from anolisnuma import __version__
 from anolisnuma.admin import views
 from anolisnuma.pipeline.metrics import LatencyStats
+from anolisnuma.system.knobs import FAMILIES
 
 if TYPE_CHECKING:  # pragma: no cover
     from anolisnuma.admin.daemon_view import DaemonView
@@ -219,6 +222,11 @@ class DaemonCollector:
         for name in sorted(set(hook.support.supported) | set(hook.support.unsupported)):
             knobs.add_metric([name], int(name in hook.support.supported))
         yield knobs
+        families = GaugeMetricFamily(P + "qos_kernel_family", "1 when this kernel has the family's files",
+                                     labels=["family"])
+        for family in FAMILIES:
+            families.add_metric([family.name], int(family.name in hook.service.plan.families))
+        yield families
 
     def _reconcilers(self) -> Iterator[Metric]:
         runs = CounterMetricFamily(P + "reconcile_runs", "reconciler passes", labels=["reconciler"])

@@ -24,8 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # The pod markings that decide a policy, shown by `explain` (no other annotation is shown),
 # besides the opt-out keys of [hooks] skip_keys.
-POLICY_KEYS = ("anolisbox.sh/qoslevel", "koordinator.sh/qosClass", "anolisbox.sh/llc_limit",
-               "numa.anolisnuma.io/skip")
+POLICY_KEYS = ("anolisbox.sh/qoslevel", "koordinator.sh/qosClass", "volcano.sh/preemptable",
+               "anolisbox.sh/llc_limit", "numa.anolisnuma.io/skip")
 _HEX_ID = re.compile(r"^[0-9a-f]{6,64}$")
 
 
@@ -68,12 +68,7 @@ def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]
             **{f"{stage}_{outcome}": counters.get(f"hook_{h.name}_{stage}_{outcome}", 0)
                for stage in ("pre", "post") for outcome in ("ok", "failed")}})
     qos = qos_hook(daemon)
-    knobs = None
-    if qos is not None:
-        knobs = {"supported": sorted(qos.support.supported),
-                 "unsupported": dict(sorted(qos.support.unsupported.items())),
-                 "cgroup_version": qos.cgroups.version, "dry_run": qos.cfg.dry_run,
-                 "kubelet_cgroups": qos.cgroups.layout.as_dict()}
+    knobs = _kernel_knobs(qos) if qos is not None else None
     resync = daemon.runtime_resync
     relay = daemon.relay
     return {
@@ -112,6 +107,27 @@ def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]
         "structures": structures(daemon),
         **surfaces,
     }
+
+
+def _kernel_knobs(qos: "QosHook") -> Dict[str, Any]:
+    """What the QoS hook found on this kernel and will write: the families found (each with
+    its files here), the files it has, those it lacks (of the families found: a family this
+    kernel does not have is one entry, not a line per file), and the writes decided at
+    start for each level and place."""
+    from anolisnuma.system.knobs import ALL_KNOBS, FAMILIES
+
+    support, plan = qos.support, qos.service.plan
+    summary = plan.summary()
+    return {"supported": sorted(support.supported),
+            "unsupported": dict(sorted(support.lacking_lines())),
+            "family": "+".join(plan.families) or "none",
+            "families": [{"name": f.name, "title": f.title, "kernels": f.kernels, "found": f.name in plan.families,
+                          "files": [k.name for k in ALL_KNOBS if k.family == f.name and support.has(k)]}
+                         for f in FAMILIES],
+            "writes": {k: v for k, v in summary.items() if k not in ("families", "held")},
+            "held": summary["held"],
+            "cgroup_version": qos.cgroups.version, "dry_run": qos.cfg.dry_run,
+            "kubelet_cgroups": qos.cgroups.layout.as_dict()}
 
 
 def health(result: Dict[str, Any]) -> Dict[str, Any]:
@@ -261,7 +277,8 @@ class _PolicyFacts:
             return {"level": None, **_qos_skip_reason(rec, hook)}
         return {"level": managed.level.value, "source": managed.source, "why": managed.why,
                 "llc_group": managed.llc_group, "cgroup": managed.cgroup.rel,
-                "containers": len(managed.containers), "knobs": _knobs_of(managed, hook)}
+                "containers": len(managed.containers), "knobs": _knobs_of(managed, hook),
+                **({"refused": managed.refused} if managed.refused else {})}
 
     def numa(self, rec: PodRecord) -> Dict[str, Any]:
         service = self.placement
@@ -319,12 +336,12 @@ def describe_move(move: Dict[str, Any]) -> str:
 
 
 def _knobs_of(managed: Any, hook: "QosHook") -> Dict[str, Any]:
-    """What the pod's level means on this kernel: the knob files kept at a value (pod and
-    container cgroups), and the knobs the level has that this kernel lacks."""
-    from anolisnuma.policies.qos.plan import level_knob_report
-
-    return level_knob_report(hook.cfg, managed.level, hook.support, managed.targets,
-                             [t for c in managed.containers.values() for t in c.targets])
+    """What the pod's level means on this kernel, as decided when it was admitted: the knob
+    files kept at a value (pod and container cgroups), the knobs the level has that this
+    kernel lacks, those it has that would not act here (not written, and why), and the
+    kernel families found."""
+    report: Dict[str, Any] = managed.writes.report(hook.cfg.dry_run) if managed.writes is not None else {}
+    return {**report, "family": "+".join(hook.service.plan.families) or "none"}
 
 
 def _qos_skip_reason(rec: PodRecord, hook: "QosHook") -> Dict[str, str]:

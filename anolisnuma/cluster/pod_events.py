@@ -18,6 +18,8 @@ QosSkipped         Normal   the level has no knob to write (none on this kernel,
 QosSkipped         Warning  a QoS marking of the pod is not a level (ignored; the level the
                             pod got instead is said), or the pod's cgroup cannot be placed
 QosApplyFailed     Warning  the kernel refused some of the pod's knob writes
+QosLevelRefused    Warning  the pod's markings ask for an online level, but the pod is offline
+                            and is never turned online while it runs: it keeps its level
 =================  =======  ==================================================================
 
 The NUMA events are reported by ``anolisnuma.io/numa``, the QoS events by
@@ -32,7 +34,7 @@ import structlog
 
 from anolisnuma.cluster.events import QOS_CONTROLLER, Event, EventRecorder, pod_regarding
 from anolisnuma.decision_events import (
-    Decision, NumaMoved, NumaMoveFailed, NumaPlaced, QosApplied, QosSkipped)
+    Decision, NumaMoved, NumaMoveFailed, NumaPlaced, QosApplied, QosLevelRefused, QosSkipped)
 from anolisnuma.pipeline.metrics import Counters
 
 log = structlog.get_logger("anolisnuma.cluster")
@@ -78,6 +80,9 @@ def pod_event(d: Decision, node_name: str) -> Event:
         note = (f"live move to {_nodes(d.to_nodes)} failed and was rolled back to {_nodes(d.back_to, '')}: "
                 f"{d.error or 'the re-pin failed'}")
         return Event(about, WARNING, "NumaMoveFailed", "Rollback", f"{node_name}: {note}")
+    if isinstance(d, QosLevelRefused):
+        note = f"QoS level {d.wanted} refused, kept at {d.kept}: {d.why}"
+        return Event(about, WARNING, "QosLevelRefused", "Refuse", f"{node_name}: {note}", QOS_CONTROLLER)
     if isinstance(d, (QosApplied, QosSkipped)):
         type_, reason, action, note = _qos(d)
         return Event(about, type_, reason, action, f"{node_name}: {note}", QOS_CONTROLLER)

@@ -7,7 +7,8 @@ from typing import Any, Dict, List
 
 from anolisnuma.ctl.table import fields, lines, table
 
-QOS_SOURCES = {"annotation": "annotation", "label": "label", "kube_class": "kube class", "default": "default"}
+QOS_SOURCES = {"annotation": "annotation", "label": "label", "kube_class": "kube class", "default": "default",
+               "kept": "kept offline"}
 
 
 def human_bytes(n: Any) -> str:
@@ -86,6 +87,7 @@ def status(r: Dict[str, Any]) -> str:
         ("waiting for hooks", r.get("calls_waiting_for_hooks") or 0),
         ("threads", _threads(r.get("threads") or {})),
         ("kernel knobs", _knobs(knobs)),
+        ("kernel family", _family(knobs)),
         ("kubelet cgroups", _layout((knobs or {}).get("kubelet_cgroups"))),
         ("api server", _cluster(r.get("cluster"))),
     ] + [("degraded because", why) for why in r.get("degraded_because") or []]
@@ -118,6 +120,9 @@ def status(r: Dict[str, Any]) -> str:
         failing = [(name, v["last_error"]) for name, v in loops.items() if v.get("last_error")]
         if failing:
             blocks.append(table(["LOOP", "LAST ERROR"], failing))
+    writes = _writes(knobs)
+    if writes:
+        blocks.append(table(["QOS WRITES ON THIS KERNEL", "FILES"], writes))
     structures = r.get("structures") or {}
     if structures:   # every size shown, zeros too: they say nothing outlived its pod
         blocks.append(table(["KEPT PER POD BY", "SIZES"],
@@ -146,6 +151,42 @@ def _knobs(knobs: Any) -> str:
     if missing:
         text += f" ({missing} not on this kernel, listed below)"
     return text + ("; dry run: nothing is written" if knobs.get("dry_run") else "")
+
+
+def _family(knobs: Any) -> str:
+    """The kernel families found, each with its files here; those not found, by name."""
+    if knobs is None:
+        return "-"
+    families = knobs.get("families") or []
+    found = [f"{f['title']} ({', '.join(f['files'])})" for f in families if f.get("found")]
+    missing = [f["title"] for f in families if not f.get("found")]
+    if not found:
+        return ("none: neither " + " nor ".join(missing) + " files (a mainline kernel?): "
+                "levels are decided and said, nothing is written")
+    return "; ".join(found) + (f"; not found: {', '.join(missing)}" if missing else "")
+
+
+def _writes(knobs: Any) -> List[List[str]]:
+    """Rows of what is written where on this kernel: levels with the same writes share a
+    row; then the class directories, the root cgroup, the host, and what is held back."""
+    if not knobs:
+        return []
+    w = knobs.get("writes") or {}
+    rows: List[List[str]] = []
+    by_writes: Dict[str, List[str]] = {}
+    for level, files in (w.get("levels") or {}).items():
+        pod, ctr = files.get("pod") or [], files.get("container") or []
+        if not pod and not ctr:
+            continue
+        text = f"pod: {', '.join(pod) or '-'}; containers: {', '.join(ctr) or '-'}"
+        by_writes.setdefault(text, []).append(level)
+    rows += [[f"level {', '.join(levels)}", text] for text, levels in by_writes.items()]
+    rows += [[f"{cls} class dir", ", ".join(files)] for cls, files in (w.get("qos_class_dirs") or {}).items()]
+    for where, key in (("root cgroup", "root_cgroup"), ("host (sysctl)", "host")):
+        if w.get(key):
+            rows.append([where, ", ".join(w[key])])
+    rows += [[f"not written: {name}", why] for name, why in (knobs.get("held") or {}).items()]
+    return rows
 
 
 def _layout(layout: Any) -> str:
@@ -236,6 +277,8 @@ def _explain_one(e: Dict[str, Any]) -> str:
             qos += "; nothing written"
         if k.get("unsupported"):
             qos += "; not on this kernel: " + ", ".join(k["unsupported"])
+        if k.get("held"):
+            qos += "; not written: " + "; ".join(f"{name} ({why})" for name, why in k["held"].items())
         if q.get("llc_group"):
             qos += f"; resctrl group {q['llc_group']}"
     else:

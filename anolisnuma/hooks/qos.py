@@ -2,8 +2,9 @@
 
 The hook only translates: it reads the CRI messages, asks
 :class:`~anolisnuma.qos.service.QosService` (which decides each pod's level, keeps the pods
-and writes group identity, OOM priority, async reclaim and LLC/MBA), and puts the answer in
-the call (its decision note, or the refused writes as :class:`QosApplyError`).
+and writes what this kernel's family offers: group identity, OOM priority, async reclaim on
+Alibaba Cloud Linux / Anolis, cpu.qos_level and memory.qos_level on openEuler; and
+LLC/MBA), and puts the answer in the call (its decision note, or the refused writes as :class:`QosApplyError`).
 
 =====================  =====  =========================================================
 call                   stage  what happens
@@ -88,7 +89,7 @@ class QosHook(Hook):
         self.log.info("qos hook ready", enabled=config.enabled, dry_run=config.dry_run,
                       cgroup_version=s.cgroups.version, cgroup_root=s.cgroups.root,
                       kubelet_cgroups=s.cgroups.layout.describe(),
-                      supported=sorted(s.support.supported))
+                      supported=sorted(s.support.supported), families=list(s.plan.families))
 
     def wants_pre(self, method: str) -> bool:
         return method in (RUN_POD_SANDBOX, START_CONTAINER)

@@ -4,6 +4,12 @@ Read, compare, write only when different; dry run; one log line per write with p
 path and value. The pod's decision is told to the decision sink once its knobs are first
 applied. Used by the QoS service at admission and by the reconciler's passes; the resctrl
 groups are :mod:`~anolisnuma.qos.llc`'s.
+
+It decides nothing: what to write was decided with the targets. Two rules are checked at
+write time because the kernel's state behind them can change while the daemon runs: a
+value core scheduling forbids is not written while ``kernel.sched_core`` is 1, and a file
+whose offline value is final and that reads offline is not turned online (someone else set
+it, the kernel would refuse): both are skipped, the second warned about once.
 """
 
 from __future__ import annotations
@@ -74,8 +80,7 @@ class QosApplier:
         without it the value is written straight away (a new cgroup at creation time, where
         the read would only add a syscall). A dry run always compares.
         """
-        why = sched_core_conflict(t.knob, t.value, self.sched_core_on)
-        if why is not None:
+        if t.sched_core_held and self.sched_core_on:
             return Outcome.SKIPPED
         old: Optional[int] = None
         if compare or self.dry_run:
@@ -88,6 +93,8 @@ class QosApplier:
                 old = None
             if old == t.value:
                 return Outcome.UNCHANGED
+            if t.knob.offline_is_final and old is not None and old < 0 <= t.value:
+                return self._kept_offline(t, ref, old)
         if self.dry_run:
             self.log.info("dry run: would write", pod=ref, knob=t.knob.name, path=t.path,
                           value=t.value, old=old)
@@ -97,8 +104,11 @@ class QosApplier:
             try:
                 write_text(t.path, str(t.value))
             except (FileGone, KnobFileMissing):
+                # Looked at once: a directory that appears after this look is one that was
+                # not there when written (gone, or not made yet: the next call or pass
+                # writes it), never a file this kernel lacks.
                 if not directory_of_exists(t.path):
-                    raise
+                    return Outcome.GONE
                 # The directory is there now: it may have appeared (with its files) just
                 # after the write failed. Once more before the file is called missing.
                 write_text(t.path, str(t.value))
@@ -125,6 +135,13 @@ class QosApplier:
             return Outcome.MISSING
         return Outcome.GONE
 
+    def _kept_offline(self, t: FileTarget, ref: str, old: int) -> Outcome:
+        if not t.final_logged:
+            t.final_logged = True
+            self.log.warning("offline cgroup not turned online: the kernel does not allow it while it lives",
+                             pod=ref, knob=t.knob.name, path=t.path, value=t.value, old=old)
+        return Outcome.SKIPPED
+
     def ensure_all(self, targets: Iterable[FileTarget], ref: str, report: ApplyReport,
                    compare: bool = True) -> None:
         """Apply every target; stops early (``report.gone``) when the directory vanished."""
@@ -135,8 +152,8 @@ class QosApplier:
 
     def log_sched_core_skips(self, targets: Iterable[FileTarget], ref: str) -> None:
         for t in targets:
-            why = sched_core_conflict(t.knob, t.value, self.sched_core_on)
-            if why:
+            if t.sched_core_held and self.sched_core_on:
+                why = sched_core_conflict(t.knob, t.value, True)
                 self.log.warning("knob not set", pod=ref, knob=t.knob.name, path=t.path, reason=why)
 
     # ------------------------------------------------------------------ pods

@@ -19,11 +19,15 @@ through a few entry points:
   (:class:`~anolisnuma.reconcile.qos.QosReconciler`, which the QoS hook builds over the
   service, as the NUMA hook builds its loops over the placement service).
 
-Levels are decided by :class:`~anolisnuma.qos.admission.Admission` (``policies/qos``),
-knobs written by :class:`~anolisnuma.qos.applier.QosApplier`, resctrl groups kept by
-:class:`~anolisnuma.qos.llc.LlcGroups` (host files through ``system/``), pods kept in
-:class:`~anolisnuma.qos.state.QosState`. The global set-up (sysctls, root switch, the
-kubelet's QoS-class directories, resctrl groups) runs once, at :meth:`QosService.prepare`.
+At start the kernel is probed once (``system/knobs.py``: which families' files exist, what
+the host switches hold) and the writes for this kernel decided once from the rows of every
+family (:func:`~anolisnuma.policies.qos.plan.plan_kernel`: :attr:`QosService.plan`). Then a
+call goes one way down: :class:`~anolisnuma.qos.admission.Admission` picks the pod's writes
+from that plan (``policies/qos``), :class:`~anolisnuma.qos.applier.QosApplier` writes them;
+resctrl groups are kept by :class:`~anolisnuma.qos.llc.LlcGroups` (host files through
+``system/``), pods in :class:`~anolisnuma.qos.state.QosState`. The global set-up (sysctls,
+root switch, the kubelet's QoS-class directories, resctrl groups) runs once, at
+:meth:`QosService.prepare`.
 
 A refused write (read-only file, EINVAL, ...) is collected while the other knobs are still
 written; a pod or container whose cgroup vanished meanwhile is skipped quietly.
@@ -40,7 +44,8 @@ import structlog
 from anolisnuma.config import PathsConfig
 from anolisnuma.decision_events import DecisionEvents, no_events
 from anolisnuma.policies.qos.config import QosConfig
-from anolisnuma.policies.qos.plan import plan_globals, plan_qos_class_dirs
+from anolisnuma.policies.qos.plan import KernelFacts, KernelPlan, plan_kernel
+from anolisnuma.policies.qos.table import rows
 from anolisnuma.qos.admission import Admission
 from anolisnuma.qos.applier import ApplyReport, QosApplier
 from anolisnuma.qos.llc import LlcGroups
@@ -94,13 +99,38 @@ class QosService(PodStateHolder):
         if config.enabled:
             self.support = probe_support(self.cgroups, self.sysctls, self.resctrl_fs,
                                          probe_cgroup=not config.dry_run)
-            for name, reason in self.support.report_lines():
-                self.log.info(f"unsupported knob {name}: {reason}", knob=name, reason=reason)
+        self.plan: KernelPlan = plan_kernel(rows(config), KernelFacts(self.support, self._host_values()))
+        if config.enabled:
+            self._log_kernel()
         self.applier = QosApplier(self.cgroups, self.sysctls, dry_run=config.dry_run, log=self.log)
         self.applier.sched_core_supported = self.support.has(knobs.SCHED_CORE)
         self.llc = LlcGroups(self.resctrl_fs if self._resctrl_wanted() else None, self.cgroups,
                              dry_run=config.dry_run, log=self.log)
-        self.admission = Admission(config, self.support, self.cgroups, self.llc, log=self.log)
+        self.admission = Admission(config, self.plan, self.cgroups, self.llc, log=self.log, known=self.state.by_uid)
+
+    def _host_values(self) -> Dict[str, int]:
+        """What the host switches this kernel has hold now (a fact of the plan)."""
+        out: Dict[str, int] = {}
+        for knob in knobs.SYSCTL_KNOBS:
+            if self.support.has(knob):
+                try:
+                    value = self.sysctls.read(knob)
+                except HostFileError:
+                    continue
+                if value is not None:
+                    out[knob.name] = value
+        return out
+
+    def _log_kernel(self) -> None:
+        """Once at start: the families found, the files of those families this kernel lacks
+        (one line each), and the files it has that would not act here."""
+        found = self.plan.families
+        self.log.info("qos kernel family", families=list(found) or ["none"],
+                      not_found=[f.name for f in knobs.FAMILIES if f.name not in found])
+        for name, reason in self.support.lacking_lines():
+            self.log.info(f"unsupported knob {name}: {reason}", knob=name, reason=reason)
+        for name, why in self.plan.held:
+            self.log.warning(f"knob not written: {why}", knob=name, reason=why)
 
     def _resctrl_wanted(self) -> bool:
         return bool(self.cfg.enabled and self.cfg.resctrl.enabled and
@@ -125,9 +155,8 @@ class QosService(PodStateHolder):
             if a.sched_core_on:
                 self.log.warning("kernel.sched_core is 1: group identity -1 will not be written "
                                  "while it stays on (core scheduling conflicts with it)")
-            g = plan_globals(self.cfg, self.support)
-            a.root_settings, a.sysctl_settings = g.root_cgroup, g.sysctls
-            a.qos_dir_settings = plan_qos_class_dirs(self.cfg, self.support)
+            a.root_settings, a.sysctl_settings = self.plan.root, self.plan.host
+            a.qos_dir_settings = {c: s for c, s in self.plan.qos_class.items() if s}
             report = ApplyReport()
             a.ensure_globals(report)
             self.llc.setup(self.cfg.resctrl, report)

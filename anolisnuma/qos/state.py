@@ -10,25 +10,30 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from anolisnuma.decision_events import QosApplied
 from anolisnuma.policies.qos.levels import QosLevel
-from anolisnuma.policies.qos.plan import KnobSetting
+from anolisnuma.policies.qos.plan import KnobSetting, LevelWrites, sched_core_conflict
 from anolisnuma.system import knobs
 from anolisnuma.system.cgroups import CgroupFs, PodCgroup
 
 
 @dataclass
 class FileTarget:
-    """One kernel file kept at one value."""
+    """One kernel file kept at one value. ``sched_core_held``: the value is one core
+    scheduling forbids (not written while ``kernel.sched_core`` is 1), decided when the
+    target is made so that the writer asks nothing of the policy."""
 
     knob: knobs.Knob
     path: str
     value: int
     missing_logged: bool = False
+    sched_core_held: bool = False
+    final_logged: bool = False     # told once that an offline file is kept offline
 
 
 def file_targets(cgroups: CgroupFs, rel: str, settings: Iterable[KnobSetting]) -> List[FileTarget]:
     """The files of the cgroup directory ``rel`` (relative to a hierarchy root) kept at
     ``settings``."""
-    return [FileTarget(s.knob, cgroups.knob_path(s.knob, rel), s.value) for s in settings]
+    return [FileTarget(s.knob, cgroups.knob_path(s.knob, rel), s.value,
+                       sched_core_held=sched_core_conflict(s.knob, s.value, True) is not None) for s in settings]
 
 
 @dataclass
@@ -54,6 +59,8 @@ class ManagedPod:
     containers: Dict[str, ManagedContainer] = field(default_factory=dict)
     applied: bool = False
     told: Optional[QosApplied] = None         # the decision, told once its knobs are first applied
+    writes: Optional[LevelWrites] = None      # what its level means on this kernel (explain says it)
+    refused: str = ""                         # why the level its markings ask for was refused
 
 
 class QosState:

@@ -1,5 +1,7 @@
-"""Fake kernel trees for tests and benchmarks: cgroupfs (v1 or v2) with the Anolis knob
-files, ``/proc`` (``sys/kernel`` sysctls, ``cpuinfo``) and resctrl (Intel, AMD, ARM MPAM).
+"""Fake kernel trees for tests and benchmarks: cgroupfs (v1 or v2) with the knob files of
+a kernel family (Alibaba Cloud Linux / Anolis, openEuler, both or neither: see
+:func:`family_options`), ``/proc`` (``sys/kernel`` and ``sys/vm`` sysctls, ``cpuinfo``) and
+resctrl (Intel, AMD, ARM MPAM).
 
 Layouts follow the real kernels:
 
@@ -8,8 +10,11 @@ Layouts follow the real kernels:
   ``cgroup.procs``; Anolis files ``cpu.bvt_warp_ns`` (cpu) and ``memory.priority``,
   ``memory.use_priority_oom``, ``memory.wmark_ratio``, ``memory.wmark_scale_factor``,
   ``memory.wmark_min_adj`` (memory). The root memcg has ``memory.use_priority_oom`` (the
-  global switch) but not the per-cgroup files.
-- cgroup v2: one tree with ``cgroup.controllers`` at the root; same Anolis file names; each
+  global switch) but not the per-cgroup files. openEuler files ``cpu.qos_level`` (cpu) and
+  ``memory.qos_level`` (memory) are on every cgroup, the root one too (rubik's own check
+  looks for ``/sys/fs/cgroup/cpu/cpu.qos_level``), with the switch
+  ``/proc/sys/vm/memcg_qos_enable``.
+- cgroup v2: one tree with ``cgroup.controllers`` at the root; same file names; each
   cgroup has ``cgroup.procs`` and ``cgroup.threads``.
 - resctrl: root ``schemata``, ``tasks``, ``cpus``, ``info/last_cmd_status``,
   ``info/L3/{cbm_mask,min_cbm_bits,num_closids,shareable_bits}``,
@@ -37,8 +42,32 @@ from anolisnuma.system import knobs
 from anolisnuma.system.pod_cgroups import DEFAULT_LAYOUT, Driver, KubeletCgroupLayout, KubeQosClass, PodCgroup
 
 V1_CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
-ANOLIS_KNOBS = tuple(k.name for k in knobs.CGROUP_KNOBS)
+ANOLIS_KNOBS = tuple(k.name for k in knobs.ALINUX_CGROUP_KNOBS)
 ROOT_ANOLIS_KNOBS = (knobs.MEMORY_USE_PRIORITY_OOM.name,)
+OPENEULER_KNOBS = tuple(k.name for k in knobs.OPENEULER_CGROUP_KNOBS)
+FRESH_VALUES: Dict[str, int] = {**knobs.ANOLIS_CGROUP_DEFAULTS, **knobs.OPENEULER_CGROUP_DEFAULTS}
+ALINUX_RELEASE = "5.10.134-16.al8.x86_64"
+OPENEULER_RELEASE = "5.10.0-182.0.0.95.oe2203sp3.x86_64"
+MAINLINE_RELEASE = "6.18.0-1-amd64"
+
+# The kernel families a fake host can be, as FakeKernel keyword arguments: adding a family
+# is a row here (and its files in the knob table), not a new kind of tree.
+FAMILIES: Dict[str, Dict[str, object]] = {
+    knobs.ALINUX: dict(anolis=ANOLIS_KNOBS, openeuler=(), sched_group_identity_enabled=0,
+                       memcg_qos_enable=None, release=ALINUX_RELEASE),
+    knobs.OPENEULER: dict(anolis=(), openeuler=OPENEULER_KNOBS, sched_group_identity_enabled=None,
+                          memcg_qos_enable=0, release=OPENEULER_RELEASE),
+    "both": dict(anolis=ANOLIS_KNOBS, openeuler=OPENEULER_KNOBS, sched_group_identity_enabled=0,
+                 memcg_qos_enable=0, release=OPENEULER_RELEASE),
+    "mainline": dict(anolis=(), openeuler=(), sched_group_identity_enabled=None, memcg_qos_enable=None,
+                     release=MAINLINE_RELEASE),
+}
+
+
+def family_options(family: str, **overrides: object) -> Dict[str, object]:
+    """The FakeKernel keyword arguments of a host whose kernel is ``family``
+    (``alinux``, ``openeuler``, ``both`` or ``mainline``), with ``overrides``."""
+    return {**FAMILIES[family], **overrides}
 
 # Ordinary files a cgroup has, per controller, with a plausible fresh value.
 _V1_FILES: Dict[str, Dict[str, str]] = {
@@ -60,12 +89,13 @@ def _write(path: str, text: str) -> None:
 
 class FakeCgroupTree:
     """A cgroup mount. ``anolis`` lists the Anolis knob files this kernel has (default: all;
-    ``()`` = an upstream kernel); ``root_anolis`` those also present on the root cgroup."""
+    ``()`` = another kernel); ``root_anolis`` those also present on the root cgroup;
+    ``openeuler`` the openEuler files (on every cgroup, the root one too)."""
 
     def __init__(self, root: str, version: int = 1, controllers: Sequence[str] = V1_CONTROLLERS,
                  anolis: Iterable[str] = ANOLIS_KNOBS, root_anolis: Iterable[str] = ROOT_ANOLIS_KNOBS,
                  kubepods: Sequence[Driver] = (Driver.CGROUPFS,),
-                 layout: KubeletCgroupLayout = DEFAULT_LAYOUT) -> None:
+                 layout: KubeletCgroupLayout = DEFAULT_LAYOUT, openeuler: Iterable[str] = ()) -> None:
         if version not in (1, 2):
             raise ValueError("version must be 1 or 2")
         self.root = root
@@ -73,6 +103,7 @@ class FakeCgroupTree:
         self.controllers = tuple(controllers)
         self.anolis = frozenset(anolis)
         self.root_anolis = frozenset(root_anolis) & self.anolis
+        self.openeuler = frozenset(openeuler)
         os.makedirs(root, exist_ok=True)
         if version == 2:
             _write(os.path.join(root, "cgroup.controllers"), "cpuset cpu io memory pids\n")
@@ -101,17 +132,17 @@ class FakeCgroupTree:
                 _write(os.path.join(d, "cgroup.controllers"), "cpuset cpu io memory pids\n")
                 for name, value in _V2_FILES.items():
                     _write(os.path.join(d, name), value + "\n")
-            knob_set = [k for k in knobs.CGROUP_KNOBS]
+            knob_set = [k for k in knobs.ALL_CGROUP_KNOBS]
         else:
             _write(os.path.join(d, "tasks"), ids)
             _write(os.path.join(d, "cgroup.procs"), ids)
             for name, value in _V1_FILES.get(ctrl, {}).items():
                 _write(os.path.join(d, name), value + "\n")
-            knob_set = [k for k in knobs.CGROUP_KNOBS if k.controller == ctrl]
+            knob_set = [k for k in knobs.ALL_CGROUP_KNOBS if k.controller == ctrl]
         for k in knob_set:
-            if k.name in self.anolis and (not root or k.name in self.root_anolis):
+            if (k.name in self.anolis and (not root or k.name in self.root_anolis)) or k.name in self.openeuler:
                 name = k.v2_name if self.version == 2 else k.name
-                _write(os.path.join(d, name), f"{knobs.ANOLIS_CGROUP_DEFAULTS[k.name]}\n")
+                _write(os.path.join(d, name), f"{FRESH_VALUES[k.name]}\n")
 
     def dirs(self, rel: str) -> List[str]:
         """The directory of ``rel`` in every hierarchy."""
@@ -182,19 +213,23 @@ class FakeCgroupTree:
 
 
 class FakeProc:
-    """``<root>/sys/kernel/<sysctl>`` and ``<root>/cpuinfo``. A sysctl given as ``None``
-    is absent (kernel lacks it)."""
+    """``<root>/sys/kernel/<sysctl>``, ``<root>/sys/vm/<sysctl>`` and ``<root>/cpuinfo``. A
+    sysctl given as ``None`` is absent (kernel lacks it)."""
 
     def __init__(self, root: str, sched_group_identity_enabled: Optional[int] = 0,
-                 sched_core: Optional[int] = None, vendor: str = "intel") -> None:
+                 sched_core: Optional[int] = None, vendor: str = "intel", memcg_qos_enable: Optional[int] = None,
+                 release: str = ALINUX_RELEASE) -> None:
         self.root = root
         kernel = os.path.join(root, "sys", "kernel")
         os.makedirs(kernel, exist_ok=True)
-        _write(os.path.join(kernel, "osrelease"), "5.10.134-16.al8.x86_64\n")
+        os.makedirs(os.path.join(root, "sys", "vm"), exist_ok=True)
+        _write(os.path.join(kernel, "osrelease"), f"{release}\n")
         if sched_group_identity_enabled is not None:
             _write(os.path.join(kernel, "sched_group_identity_enabled"), f"{sched_group_identity_enabled}\n")
         if sched_core is not None:
             _write(os.path.join(kernel, "sched_core"), f"{sched_core}\n")
+        if memcg_qos_enable is not None:
+            _write(self.sysctl("vm/memcg_qos_enable"), f"{memcg_qos_enable}\n")
         self.set_vendor(vendor)
 
     def set_vendor(self, vendor: str) -> None:
@@ -209,7 +244,9 @@ class FakeProc:
         _write(os.path.join(self.root, "cpuinfo"), block + "\n" + block.replace(": 0\n", ": 1\n", 1))
 
     def sysctl(self, name: str) -> str:
-        return os.path.join(self.root, "sys", "kernel", name)
+        """The file of sysctl ``name``: under ``sys/kernel`` unless ``name`` says where
+        (``vm/memcg_qos_enable``)."""
+        return os.path.join(self.root, "sys", name if "/" in name else os.path.join("kernel", name))
 
     def set_sysctl(self, name: str, value: int) -> None:
         _write(self.sysctl(name), f"{value}\n")
@@ -296,15 +333,18 @@ class FakeKernel:
                  kubepods: Sequence[Driver] = (Driver.CGROUPFS, Driver.SYSTEMD),
                  sched_group_identity_enabled: Optional[int] = 0, sched_core: Optional[int] = None,
                  vendor: str = "intel", resctrl: Optional[dict] = None,
-                 layout: KubeletCgroupLayout = DEFAULT_LAYOUT) -> None:
+                 layout: KubeletCgroupLayout = DEFAULT_LAYOUT, openeuler: Iterable[str] = (),
+                 memcg_qos_enable: Optional[int] = None, release: str = ALINUX_RELEASE) -> None:
         """``resctrl``: keyword arguments for :class:`FakeResctrl` (``{}`` = defaults for
         the vendor), or ``None`` for a kernel without resctrl. ``layout``: the kubelet's
-        cgroup root the ``kubepods`` directories are made under."""
+        cgroup root the ``kubepods`` directories are made under. The defaults are an
+        Alibaba Cloud Linux host; :func:`family_options` gives the others."""
         self.base = base
         self.layout = layout
         self.cgroup = FakeCgroupTree(os.path.join(base, "cgroup"), cgroup_version, anolis=anolis,
-                                     root_anolis=root_anolis, kubepods=kubepods, layout=layout)
-        self.proc = FakeProc(os.path.join(base, "proc"), sched_group_identity_enabled, sched_core, vendor)
+                                     root_anolis=root_anolis, kubepods=kubepods, layout=layout, openeuler=openeuler)
+        self.proc = FakeProc(os.path.join(base, "proc"), sched_group_identity_enabled, sched_core, vendor,
+                             memcg_qos_enable, release)
         self.resctrl: Optional[FakeResctrl] = None
         if resctrl is not None:
             self.resctrl = FakeResctrl(os.path.join(base, "resctrl"), vendor=vendor, **resctrl)
@@ -369,4 +409,4 @@ class FakeKernel:
 
 
 __all__ = ["FakeKernel", "FakeCgroupTree", "FakeProc", "FakeResctrl", "ANOLIS_KNOBS",
-           "ROOT_ANOLIS_KNOBS", "V1_CONTROLLERS"]
+           "ROOT_ANOLIS_KNOBS", "OPENEULER_KNOBS", "FAMILIES", "family_options", "V1_CONTROLLERS"]

@@ -98,6 +98,8 @@ def test_numa_allocations_per_node_and_the_kubelets_exclusive_cpus(node):
     assert value(m, "anolisnuma_qos_pods", level="LS") == 2
     assert value(m, "anolisnuma_qos_knob_supported", knob="cpu.bvt_warp_ns") == 1
     assert value(m, "anolisnuma_qos_knob_supported", knob="resctrl.L3") == 0
+    assert value(m, "anolisnuma_qos_kernel_family", family="alinux") == 1
+    assert value(m, "anolisnuma_qos_kernel_family", family="openeuler") == 0
 
 
 def test_reconciler_runs_and_drift_fixed(node):

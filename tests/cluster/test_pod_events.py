@@ -12,7 +12,8 @@ from anolisnuma.cluster.events import BURST, QUEUE, EventRecorder
 from anolisnuma.cluster.pod_events import PodEventSink, pod_event
 from anolisnuma.daemon import wire_decision_events
 from anolisnuma.decision_events import (
-    NumaMoved, NumaMoveFailed, NumaPlaced, PodRef, QosApplied, QosSkipped, no_events, pod_ref)
+    NumaMoved, NumaMoveFailed, NumaPlaced, PodRef, QosApplied, QosLevelRefused, QosSkipped, no_events,
+    pod_ref)
 
 POD = PodRef("batch", "web-0", "0c7b2a1e-5d7c-4c55-a7f3-6b7c1bb2b0f1")
 
@@ -67,6 +68,14 @@ def test_qos_applied_skipped_and_failed() -> None:
     ev = pod_event(QosSkipped(POD, "cgroup_parent not recognized: '/x'"), "n1")
     assert (ev.type, ev.reason) == ("Warning", "QosSkipped")
     assert ev.note == "n1: QoS not applied: cgroup_parent not recognized: '/x'"
+
+
+def test_an_online_level_refused_for_an_offline_pod_is_a_warning() -> None:
+    why = "the pod is offline, and an offline pod is never turned online while it runs"
+    ev = pod_event(QosLevelRefused(POD, "LS", "BE", why), "n1")
+    assert (ev.type, ev.reason, ev.action) == ("Warning", "QosLevelRefused", "Refuse")
+    assert ev.note == f"n1: QoS level LS refused, kept at BE: {why}"
+    assert ev.controller == "anolisnuma.io/qos"
 
 
 def test_pod_ref_splits_namespace_and_name() -> None:

@@ -40,6 +40,7 @@ from anolisnuma.system.sysctl import cpu_vendor
 from anolisnuma.testing.daemon_probes import wait_until
 from anolisnuma.testing.fake_kernel import FakeKernel, FakeResctrl
 from anolisnuma.testing.proxy import InProcessProxy, make_config
+from anolisnuma.testing.qos_defaults import ALINUX_CONTAINER_KNOBS, ALINUX_POD
 from anolisnuma.testing.waiting import wait_until
 
 CG = "/sys/fs/cgroup"
@@ -48,19 +49,9 @@ QOS = "anolisbox.sh/qoslevel"
 LLC = "anolisbox.sh/llc_limit"
 KOORD = "koordinator.sh/qosClass"
 
-# Documented defaults (docs/qos.md "What each level gets").
-POD_VALUES = {
-    "LSE": {"cpu.bvt_warp_ns": 2, "memory.priority": 5, "memory.use_priority_oom": 1,
-            "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-    "LSR": {"cpu.bvt_warp_ns": 2, "memory.priority": 10, "memory.use_priority_oom": 1,
-            "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-    "LS": {"cpu.bvt_warp_ns": 1, "memory.priority": 10, "memory.use_priority_oom": 1,
-           "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-    "BE": {"cpu.bvt_warp_ns": -1, "memory.priority": 0, "memory.use_priority_oom": 1,
-           "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": 50},
-}
-CONTAINER_KNOBS = ("cpu.bvt_warp_ns", "memory.wmark_ratio", "memory.wmark_scale_factor",
-                   "memory.wmark_min_adj")
+# Documented defaults (docs/qos.md "What each level gets"; one table for the hook, daemon
+# and end-to-end tests).
+POD_VALUES, CONTAINER_KNOBS = ALINUX_POD, ALINUX_CONTAINER_KNOBS
 # What a fresh fake cgroup holds (knobs.ANOLIS_CGROUP_DEFAULTS): container cgroups keep
 # these for the pod-only knobs.
 FRESH = dict(knobs.ANOLIS_CGROUP_DEFAULTS)

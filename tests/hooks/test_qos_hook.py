@@ -15,17 +15,11 @@ from anolisnuma.policies.qos.config import QosConfig
 from anolisnuma.state.gone import PodGone, PodKeys
 from anolisnuma.state.records import ContainerRecord, PodRecord
 from anolisnuma.system.cgroups import parse_cgroup_parent
+from anolisnuma.testing.qos_defaults import ALINUX_CONTAINER_KNOBS, ALINUX_POD
 from cri_proto import api_pb2 as pb
 
-POD = {"LSE": {"cpu.bvt_warp_ns": 2, "memory.priority": 5, "memory.use_priority_oom": 1,
-               "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-       "LSR": {"cpu.bvt_warp_ns": 2, "memory.priority": 10, "memory.use_priority_oom": 1,
-               "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-       "LS": {"cpu.bvt_warp_ns": 1, "memory.priority": 10, "memory.use_priority_oom": 1,
-              "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": -25},
-       "BE": {"cpu.bvt_warp_ns": -1, "memory.priority": 0, "memory.use_priority_oom": 1,
-              "memory.wmark_ratio": 95, "memory.wmark_scale_factor": 20, "memory.wmark_min_adj": 50}}
-CONTAINER_KNOBS = ("cpu.bvt_warp_ns", "memory.wmark_ratio", "memory.wmark_scale_factor", "memory.wmark_min_adj")
+# The documented defaults (one table for the hook, daemon and end-to-end tests).
+POD, CONTAINER_KNOBS = ALINUX_POD, ALINUX_CONTAINER_KNOBS
 FRESH = {"cpu.bvt_warp_ns": 0, "memory.priority": 0, "memory.use_priority_oom": 0, "memory.wmark_ratio": 0,
          "memory.wmark_scale_factor": 50, "memory.wmark_min_adj": 0}
 

@@ -265,6 +265,39 @@ def test_a_cgroup_that_appears_while_its_knob_is_written_gets_the_value(node, mo
     assert report.written == 1 and not target.missing_logged
 
 
+def test_a_cgroup_that_appears_just_after_the_failed_write_is_not_called_missing(node, monkeypatch):
+    """The write fails (no directory yet), the applier looks, and the directory appears a
+    moment after that look (containerd making the container's cgroup while the
+    CreateContainer post-hook writes). That is a cgroup not made yet, not a file this kernel
+    lacks: not marked missing (which let the container count as applied, its knob never
+    written until a reconcile pass), but gone for now, so the next call writes it."""
+    from anolisnuma.qos import applier as applier_module
+    from anolisnuma.system import knobs
+
+    hook = QosHook(QosConfig(), node.paths)
+    parent = f"/kubepods/besteffort/pod{uuid.uuid4()}"
+    node.make_pod(parent)
+    cid = uuid.uuid4().hex * 2
+    rel = f"{parent.strip('/')}/{cid}"
+    looks = []
+
+    def late_directory(path):
+        looks.append(path)
+        if len(looks) == 1:
+            node.make_container(parent, cid)   # appears right after the applier looked
+            return False
+        return os.path.isdir(os.path.dirname(path))
+
+    monkeypatch.setattr(applier_module, "directory_of_exists", late_directory)
+    knob = knobs.BY_NAME["cpu.bvt_warp_ns"]
+    report = applier_module.ApplyReport()
+    target = applier_module.FileTarget(knob, hook.cgroups.knob_path(knob, rel), -1)
+    assert hook.applier.ensure(target, "default/p", report, compare=False) is applier_module.Outcome.GONE
+    assert not target.missing_logged
+    assert hook.applier.ensure(target, "default/p", report, compare=False) is applier_module.Outcome.WRITTEN
+    assert node.cgroup.read(rel, "cpu.bvt_warp_ns") == "-1"
+
+
 def test_a_pod_whose_run_failed_is_forgotten_by_the_resync_with_no_reconciler(node):
     """RunPodSandbox admitted the pod in its pre-hook and failed: no sandbox ID, so nothing
     tied it to containerd's listing, and with reconcile_interval_seconds = 0 nothing else

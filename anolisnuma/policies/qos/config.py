@@ -49,6 +49,19 @@ class AsyncReclaimConfig:
         default_factory=lambda: _levels(LSE=-25, LSR=-25, LS=-25, BE=50))
 
 
+@dataclass
+class PreemptionConfig:
+    """openEuler's ``cpu.qos_level`` / ``memory.qos_level`` (rubik's "preemption")."""
+
+    enabled: bool = True
+    cpu: Dict[QosLevel, int] = field(default_factory=lambda: _levels(LSE=0, LSR=0, LS=0, BE=-1))
+    memory: Dict[QosLevel, int] = field(default_factory=lambda: _levels(LSE=0, LSR=0, LS=0, BE=-1))
+    # Write 1 to /proc/sys/vm/memcg_qos_enable where it is 0 (host-wide: the OOM killer then
+    # honours memory.qos_level). When false and the switch is 0, memory.qos_level is not
+    # written and status says why.
+    enable_sysctl: bool = True
+
+
 @dataclass(frozen=True)
 class ResctrlClass:
     l3_ways: int        # 0 = every way
@@ -80,6 +93,7 @@ class QosConfig:
     group_identity: GroupIdentityConfig = field(default_factory=GroupIdentityConfig)
     oom_priority: OomPriorityConfig = field(default_factory=OomPriorityConfig)
     async_reclaim: AsyncReclaimConfig = field(default_factory=AsyncReclaimConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     resctrl: ResctrlConfig = field(default_factory=ResctrlConfig)
 
     @classmethod
@@ -99,6 +113,7 @@ class QosConfig:
             group_identity=_group_identity(t.table("group_identity")),
             oom_priority=_oom_priority(t.table("oom_priority")),
             async_reclaim=_async_reclaim(t.table("async_reclaim")),
+            preemption=_preemption(t.table("preemption")),
             resctrl=_resctrl(t.table("resctrl")),
         )
         t.finish()
@@ -178,6 +193,18 @@ def _async_reclaim(t: Table) -> AsyncReclaimConfig:
     return cfg
 
 
+def _preemption(t: Table) -> PreemptionConfig:
+    d = PreemptionConfig()
+    cfg = PreemptionConfig(
+        enabled=t.bool("enabled", d.enabled),
+        cpu=_per_level(t.table("cpu"), d.cpu, knobs.CPU_QOS_LEVEL.valid),
+        memory=_per_level(t.table("memory"), d.memory, knobs.MEMORY_QOS_LEVEL.valid),
+        enable_sysctl=t.bool("enable_sysctl", d.enable_sysctl),
+    )
+    t.finish()
+    return cfg
+
+
 def _resctrl(t: Table) -> ResctrlConfig:
     d = ResctrlConfig()
     prefix = t.str("group_prefix", d.group_prefix)
@@ -227,5 +254,5 @@ def default_config(**overrides: object) -> QosConfig:
     return cfg
 
 
-__all__ = ["QosConfig", "GroupIdentityConfig", "OomPriorityConfig", "AsyncReclaimConfig",
+__all__ = ["QosConfig", "GroupIdentityConfig", "OomPriorityConfig", "AsyncReclaimConfig", "PreemptionConfig",
            "ResctrlConfig", "ResctrlClass", "LLC_CLASSES", "default_config"]

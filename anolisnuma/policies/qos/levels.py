@@ -4,24 +4,30 @@ Resolution order (first that applies wins):
 
 1. annotation ``anolisbox.sh/qoslevel`` (anolisbox pods keep working unchanged);
 2. label ``koordinator.sh/qosClass`` (koordinator pods too);
-3. the Kubernetes QoS class read from the pod's ``cgroup_parent``, mapped by configuration
+3. rubik's ``volcano.sh/preemptable``, annotation or label: ``"true"`` (offline) -> BE,
+   ``"false"`` (online) -> LS (pods written for openEuler's rubik too);
+4. the Kubernetes QoS class read from the pod's ``cgroup_parent``, mapped by configuration
    (default guaranteed -> LS, burstable -> LS, besteffort -> BE);
-4. ``LS`` when even the Kubernetes class is unknown.
+5. ``LS`` when even the Kubernetes class is unknown.
 
-Values are case-insensitive. A value that is not a level is a warning naming the pod (the
-caller logs it) and the next source decides. Pure functions: no I/O, no logging.
+Level values are case-insensitive; rubik's are read as rubik reads them: exactly ``true``
+or ``false``, and ``true`` in either the annotation or the label wins. A value that is none
+of these is a warning naming the pod (the caller logs it) and the next source decides.
+Pure functions: no I/O, no logging.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Tuple
+from typing import Iterable, List, Mapping, Optional, Tuple
 
 from anolisnuma.system.cgroups import KubeQosClass, preview
 
 ANNOTATION_QOS_LEVEL = "anolisbox.sh/qoslevel"
 LABEL_QOS_CLASS = "koordinator.sh/qosClass"
+# rubik's marking (openEuler): an annotation, or a label (newer rubik reads both).
+PREEMPTABLE = "volcano.sh/preemptable"
 ANNOTATION_LLC_LIMIT = "anolisbox.sh/llc_limit"
 
 # koordinator also knows SYSTEM (host agents) and NONE; such pods fall back quietly.
@@ -96,9 +102,33 @@ def resolve_level(annotations: Mapping[str, str], labels: Mapping[str, str],
         if normalize_choice(value, _KOORD_NOT_LEVELS) is None:
             warnings.append(f"label {LABEL_QOS_CLASS} has unknown value {preview(value)}; "
                             f"expected one of {', '.join(LEVELS)}")
+    rubik = _preemptable(annotations, labels, warnings)
+    if rubik is not None:
+        level, source, why = rubik
+        return LevelDecision(level, source, why, tuple(warnings))
     if kube_class is not None:
         level = mapping[kube_class]
         return LevelDecision(level, SOURCE_KUBE_CLASS,
                              f"kube QoS class {kube_class.value} maps to {level.value}", tuple(warnings))
     return LevelDecision(QosLevel.LS, SOURCE_DEFAULT,
                          "no annotation, label or known kube QoS class: LS", tuple(warnings))
+
+
+def _preemptable(annotations: Mapping[str, str], labels: Mapping[str, str],
+                 warnings: List[str]) -> Optional[Tuple[QosLevel, str, str]]:
+    """rubik's marking as rubik reads it: ``true`` in the annotation or the label is
+    offline (BE), else ``false`` in either is online (LS); other values are warned about.
+    Returns (level, source, why)."""
+    found = []
+    for source, marks in ((SOURCE_ANNOTATION, annotations), (SOURCE_LABEL, labels)):
+        value = marks.get(PREEMPTABLE)
+        if value is None:
+            continue
+        if value in ("true", "false"):   # exactly: rubik takes "True" for online
+            found.append((value, source))
+        else:
+            warnings.append(f"{source} {PREEMPTABLE} has unknown value {preview(value)}; expected true or false")
+    for value, source in sorted(found, key=lambda f: f[0] != "true"):   # a "true" wins, as in rubik
+        level, state = (QosLevel.BE, "offline") if value == "true" else (QosLevel.LS, "online")
+        return level, source, f"{source} {PREEMPTABLE}={value} (rubik: {state}): {level.value}"
+    return None

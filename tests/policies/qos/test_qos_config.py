@@ -25,6 +25,14 @@ def test_defaults_are_the_anolisbox_values():
     assert c.resctrl.classes == {"low": ResctrlClass(4, 20), "high": ResctrlClass(8, 50),
                                  "all": ResctrlClass(0, 100)}
     assert c.resctrl.default == {L.LSE: "all", L.LSR: "all", L.LS: "all", L.BE: "low"}
+    assert c.preemption.enabled and c.preemption.enable_sysctl
+    assert c.preemption.cpu == c.preemption.memory == {L.LSE: 0, L.LSR: 0, L.LS: 0, L.BE: -1}
+
+
+def test_preemption_block_is_read():
+    c = parse({"preemption": {"cpu": {"LSE": 2, "BE": -2}, "memory": {"BE": -1024}, "enable_sysctl": False}})
+    assert c.preemption.cpu == {L.LSE: 2, L.LSR: 0, L.LS: 0, L.BE: -2}
+    assert c.preemption.memory[L.BE] == -1024 and not c.preemption.enable_sysctl
 
 
 def test_a_full_block_is_read():
@@ -69,6 +77,12 @@ def test_a_full_block_is_read():
     ({"kube_class_mapping": {"other": "LS"}}, "qos.kube_class_mapping.other"),
     ({"reconcile_interval_seconds": 0.5}, "qos.reconcile_interval_seconds"),
     ({"reconcile_interval_seconds": -1}, "qos.reconcile_interval_seconds"),
+    ({"preemption": {"cpu": {"BE": -3}}}, "qos.preemption.cpu.BE"),
+    ({"preemption": {"cpu": {"LSE": 3}}}, "qos.preemption.cpu.LSE"),
+    ({"preemption": {"memory": {"BE": -1025}}}, "qos.preemption.memory.BE"),
+    ({"preemption": {"cpu": {"BE": "-1"}}}, "qos.preemption.cpu.BE"),
+    ({"preemption": {"enable_sysctl": 1}}, "qos.preemption.enable_sysctl"),
+    ({"preemption": {"offline": True}}, "qos.preemption.offline"),
 ])
 def test_bad_values_are_refused_naming_the_key(data, key):
     with pytest.raises(ConfigError) as e:
