@@ -8,6 +8,9 @@ cgroup v1 (the machine's).
   records how late it woke (p50/p99/p99.9). Its timer slack is 1 ns (``--timer-slack-ns``),
   so that what is measured is the scheduler, not the kernel's default 50 us of timer
   coalescing that would otherwise be added to every wake-up of every arm alike.
+- **LS, request/response** (``--rr``): besides, a client in the LS pod that wakes at every tick
+  and times the round trip of a 1-byte request to a server task of the same pod over pipes
+  (two wake-ups by another task, as a service answering a request sees them).
 - **BE**: twice as many spinning processes as CPUs; each counts its loops (BE throughput,
   loops/s summed).
 - **Layout** (cgroupfs driver, under a private root ``/sys/fs/cgroup/<controller>/
@@ -28,17 +31,19 @@ cgroup v1 (the machine's).
 - **Arms**: LS alone (hog stopped); kubelet defaults; ``cpu.idle = 1`` on the BestEffort class
   group; ``cpu.idle = 1`` on the BE pod group; a CFS quota of 50 % of the node's CPUs on the
   BestEffort class; anolisnuma. The first five are issue 28's measured table, re-measured
-  (its figures are printed beside). Every arm runs once per round for ``--seconds``, the order
-  rotated each round (reversed every other), after ``--settle`` seconds; per-round p99s are
-  printed so drift shows, and ratios are against the kubelet-defaults arm of the same run.
+  (its figures are printed beside). Every arm runs once per round for ``--seconds`` after
+  ``--settle`` seconds, round r starting with arm r and going forward, or backward every other
+  round; per-round p99s are printed so drift shows, and ratios are against the
+  kubelet-defaults arm of the same run. After each arm, every value it changed is written
+  back and the whole tree checked against the kubelet's layout.
 
-Everything made is removed again, also on error, Ctrl-C or SIGTERM (and every value changed is
-written back first); the workers and the daemon die with the benchmark even when it is killed.
+Everything made is removed again, also on error, Ctrl-C or SIGTERM; the workers and the daemon die with the benchmark even when it is killed.
 Cgroup trees left by a benchmark killed with SIGKILL are removed by the next run. Exit status
 0 when it ran, whatever the figures; 1 when it could not.
 
     sudo .venv/bin/python scripts/bench_interference.py            # 4 rounds x 5 s per arm, ~2.5 min
-    sudo .venv/bin/python scripts/bench_interference.py --quick    # CI smoke run, ~25 s
+    sudo .venv/bin/python scripts/bench_interference.py --quick    # CI smoke run, ~20 s
+    sudo .venv/bin/python scripts/bench_interference.py --rr       # also the request/response probe
 """
 
 from __future__ import annotations
@@ -102,52 +107,71 @@ def hog_worker(shm: str, index: int) -> None:
             counts[index] = n
 
 
-def probe_worker(shm: str, out: str, period_ns: int, slack_ns: int) -> None:
+def probe_worker(shm: str, out: str, period_ns: int, slack_ns: int, rr_fds: Optional[Tuple[int, int]]) -> None:
+    """Wakes at every tick of ``period_ns`` and records, with the tick it was due at, how late
+    it woke, or (with ``rr_fds``: request pipe, reply pipe) the round trip of a 1-byte request
+    to the server task, sent at once."""
     if slack_ns:
         _libc().prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(slack_ns), 0, 0, 0)
     gc.disable()   # no collector pause in the middle of a measurement
     with open(shm, "r+b") as f:
         stop = mmap.mmap(f.fileno(), 0)
     clock = time.monotonic_ns
-    due_at, late = array.array("q"), array.array("q")
+    due_at, values = array.array("q"), array.array("q")
     due = clock() + period_ns
     while not stop[0]:
         wait = due - clock()
         if wait > 0:
             time.sleep(wait / 1e9)
         woke = clock()
+        if rr_fds:
+            os.write(rr_fds[0], b"?")
+            os.read(rr_fds[1], 1)
+            values.append(clock() - woke)
+        else:
+            values.append(woke - due)
         due_at.append(due)
-        late.append(woke - due)
         due += period_ns
         if due <= woke:   # a wake-up later than a period counts once, not once per missed tick
             due += ((woke - due) // period_ns + 1) * period_ns
     with open(out, "wb") as f:
         due_at.tofile(f)
-        late.tofile(f)
+        values.tofile(f)
+
+
+def server_worker(requests: int, replies: int) -> None:
+    """Answers each 1-byte request at once; ends with its client (end of file)."""
+    while os.read(requests, 1):
+        os.write(replies, b"!")
 
 
 def worker_main(argv: Sequence[str]) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", choices=("hog", "probe"))
+    ap.add_argument("--worker", choices=("hog", "probe", "server"))
     ap.add_argument("--parent", type=int)
     ap.add_argument("--shm")
     ap.add_argument("--index", type=int, default=0)
     ap.add_argument("--out", default="")
     ap.add_argument("--period-ns", type=int, default=1_000_000)
     ap.add_argument("--slack-ns", type=int, default=1)
+    ap.add_argument("--fds", default="", help="two pipe ends: where to write, where to read")
     a = ap.parse_args(argv)
+    fds = tuple(int(x) for x in a.fds.split(",")) if a.fds else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the benchmark stops its workers itself
     _die_with_parent(a.parent)
     if a.worker == "hog":
         hog_worker(a.shm, a.index)
+    elif a.worker == "server":
+        server_worker(fds[1], fds[0])
     else:
-        probe_worker(a.shm, a.out, a.period_ns, a.slack_ns)
+        probe_worker(a.shm, a.out, a.period_ns, a.slack_ns, fds)
     return 0
 
 
-def spawn_worker(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--parent", str(os.getpid()), *args],
-                            stdin=subprocess.DEVNULL)
+def spawn_worker(*args: str, fds: Tuple[int, ...] = ()) -> subprocess.Popen:
+    fd_args = ["--fds", ",".join(map(str, fds))] if fds else []
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--parent", str(os.getpid()), *args, *fd_args],
+                            stdin=subprocess.DEVNULL, pass_fds=fds)
 
 
 def shared_file(path: str, size: int) -> mmap.mmap:
@@ -549,20 +573,30 @@ def pod_lines(lines: Sequence[Dict[str, object]], refs: Sequence[str]) -> List[s
 
 # --------------------------------------------------------------------------- measuring
 
-class Workers:
-    """The LS probe and the BE hogs, placed in their containers' cgroups."""
+WAKE_UP, ROUND_TRIP = "wake-up", "request/response"
+PROBE_TITLES = {
+    WAKE_UP: "LS wake-up latency: how late the probe woke for its 1 ms tick",
+    ROUND_TRIP: "LS request/response: round trip of a 1-byte request to a server task of the LS pod, every 1 ms",
+}
 
-    def __init__(self, tree: Tree, pods: Pods, work: str, hogs: int, period_ns: int, slack_ns: int) -> None:
+
+class Workers:
+    """The LS probes (and the request/response probe's server) and the BE hogs, placed in
+    their containers' cgroups."""
+
+    def __init__(self, tree: Tree, pods: Pods, work: str, hogs: int, period_ns: int, slack_ns: int,
+                 round_trip: bool) -> None:
         self.procs: List[subprocess.Popen] = []
+        self.probes: Dict[str, Tuple[subprocess.Popen, str]] = {}
+        self.work = work
         self.counts_map = shared_file(os.path.join(work, "counts"), 8 * hogs)
         self.counts = memoryview(self.counts_map).cast("q")
         self.stop_map = shared_file(os.path.join(work, "stop"), mmap.PAGESIZE)
-        self.samples_path = os.path.join(work, "samples")
         try:
-            self.probe = spawn_worker("--worker", "probe", "--shm", os.path.join(work, "stop"), "--out",
-                                      self.samples_path, "--period-ns", str(period_ns), "--slack-ns", str(slack_ns))
-            self.procs.append(self.probe)
-            tree.attach(pods.ls_container, self.probe.pid)
+            probe_args = ("--period-ns", str(period_ns), "--slack-ns", str(slack_ns))
+            self._ls(tree, pods, self._probe(WAKE_UP, *probe_args))
+            if round_trip:
+                self._round_trip(tree, pods, probe_args)
             self.hogs = [spawn_worker("--worker", "hog", "--shm", os.path.join(work, "counts"), "--index", str(i))
                          for i in range(hogs)]
             self.procs += self.hogs
@@ -572,6 +606,25 @@ class Workers:
             self.kill()
             raise
         self.hogs_running = True
+
+    def _probe(self, kind: str, *args: str, fds: Tuple[int, ...] = ()) -> subprocess.Popen:
+        out = os.path.join(self.work, f"samples-{len(self.probes)}")
+        proc = spawn_worker("--worker", "probe", "--shm", os.path.join(self.work, "stop"), "--out", out, *args, fds=fds)
+        self.probes[kind] = (proc, out)
+        return proc
+
+    def _ls(self, tree: Tree, pods: Pods, proc: subprocess.Popen) -> None:
+        self.procs.append(proc)
+        tree.attach(pods.ls_container, proc.pid)
+
+    def _round_trip(self, tree: Tree, pods: Pods, probe_args: Tuple[str, ...]) -> None:
+        request, reply = os.pipe(), os.pipe()
+        try:
+            self._ls(tree, pods, spawn_worker("--worker", "server", fds=(reply[1], request[0])))
+            self._ls(tree, pods, self._probe(ROUND_TRIP, *probe_args, fds=(request[1], reply[0])))
+        finally:
+            for fd in request + reply:   # the workers hold them: the server sees its client's end
+                os.close(fd)
 
     def run_hogs(self, on: bool) -> None:
         if on != self.hogs_running:
@@ -585,15 +638,18 @@ class Workers:
     def pids(self) -> List[int]:
         return [p.pid for p in self.procs]
 
-    def samples(self) -> Tuple[array.array, array.array]:
-        """Stop the probe and read its (due time, lateness) samples, both in ns."""
+    def samples(self) -> Dict[str, Tuple[array.array, array.array]]:
+        """Stop the probes and read each one's (due time, value) samples, both in ns."""
         self.stop_map[0] = 1
-        self.probe.wait(30)
-        raw = array.array("q")
-        with open(self.samples_path, "rb") as f:
-            raw.frombytes(f.read())
-        half = len(raw) // 2
-        return raw[:half], raw[half:]
+        out = {}
+        for kind, (proc, path) in self.probes.items():
+            proc.wait(30)
+            raw = array.array("q")
+            with open(path, "rb") as f:
+                raw.frombytes(f.read())
+            half = len(raw) // 2
+            out[kind] = (raw[:half], raw[half:])
+        return out
 
     def kill(self) -> None:
         for p in self.procs:
@@ -632,16 +688,16 @@ def measure(tree: Tree, workers: Workers, arms: Sequence[Arm], rounds: int, seco
     return windows
 
 
-def lateness_in(windows: Sequence[Window], due_at: array.array, late: array.array) -> List[List[int]]:
-    """Each window's probe samples (lateness, ns), by the tick they were due at."""
+def values_in(windows: Sequence[Window], due_at: array.array, values: array.array) -> List[List[int]]:
+    """Each window's probe samples (ns), by the tick they were due at."""
     out: List[List[int]] = [[] for _ in windows]
     bounds = sorted((w.start, w.end, i) for i, w in enumerate(windows))
     j = 0
-    for due, lat in zip(due_at, late):
+    for due, value in zip(due_at, values):
         while j < len(bounds) and bounds[j][1] <= due:
             j += 1
         if j < len(bounds) and bounds[j][0] <= due:
-            out[bounds[j][2]].append(lat)
+            out[bounds[j][2]].append(value)
     return out
 
 
@@ -708,22 +764,24 @@ def figures(arms: Sequence[Arm], windows: Sequence[Window], per_window: Sequence
     return out
 
 
-def print_table(arms: Sequence[Arm], figs: Dict[str, Figures]) -> None:
+def print_table(arms: Sequence[Arm], figs: Dict[str, Figures], issue: bool) -> None:
+    """The figures, with ratios to the kubelet arm's and (``issue``) issue 28's p99 beside."""
     base = figs["kubelet"]
     print(f"{'arm':<46}{'p50 us':>8}{'p99 us':>8}{'p99.9 us':>10}{'samples':>9}{'BE Mloops/s':>13}"
-          f"{'p99 x':>7}{'BE x':>6}{'issue p99':>11}")
+          f"{'p99 x':>7}{'BE x':>6}" + (f"{'issue p99':>11}" if issue else ""))
     for arm in arms:
         f = figs[arm.key]
         be_x = f"{f.loops_per_s / base.loops_per_s:.2f}" if base.loops_per_s else "-"
         print(f"{arm.label:<46}{f.p50:>8.0f}{f.p99:>8.0f}{f.p999:>10.0f}{f.samples:>9}"
-              f"{f.loops_per_s / 1e6:>13.2f}{f.p99 / base.p99:>7.2f}{be_x:>6}{arm.issue_p99 or '-':>11}")
+              f"{f.loops_per_s / 1e6:>13.2f}{f.p99 / base.p99:>7.2f}{be_x:>6}"
+              + (f"{arm.issue_p99 or '-':>11}" if issue else ""))
 
 
 def print_rounds(arms: Sequence[Arm], figs: Dict[str, Figures], rounds: int) -> None:
     """Per-round p99s show drift and bursts of other load; their median is what one noisy
     round cannot move."""
     base = statistics.median(figs["kubelet"].round_p99)
-    print("\nLS p99 per round (us, in each round's own order), drift and bursts show across a row:")
+    print("\np99 per round (us), drift and bursts show across a row:")
     print(f"{'arm':<46}" + "".join(f"{'r' + str(r + 1):>7}" for r in range(rounds)) + f"{'median':>8}{'x':>6}")
     for arm in arms:
         rp = figs[arm.key].round_p99
@@ -731,21 +789,25 @@ def print_rounds(arms: Sequence[Arm], figs: Dict[str, Figures], rounds: int) -> 
               + f"{statistics.median(rp):>8.0f}{statistics.median(rp) / base:>6.2f}")
 
 
-def verdict(outcome: DaemonOutcome, figs: Dict[str, Figures]) -> str:
+def verdict(outcome: DaemonOutcome, by_probe: Dict[str, Dict[str, Figures]]) -> str:
     """Does anything anolisnuma writes on this kernel make LS p99 worse than the kubelet's
     defaults? When it wrote nothing its arm *is* the kubelet's layout, and the two arms'
     difference is this run's noise. Else worse means above the kubelet arm's worst round."""
-    a, k = figs["anolisnuma"], figs["kubelet"]
-    figures_line = (f"LS p99 {a.p99:.0f} us against the kubelet defaults' {k.p99:.0f} us ({a.p99 / k.p99:.2f}x; "
-                    f"median round {statistics.median(a.round_p99) / statistics.median(k.round_p99):.2f}x; "
-                    f"the kubelet arm's rounds {min(k.round_p99):.0f}-{max(k.round_p99):.0f} us)")
+    lines, worse = [], []
+    for kind, figs in by_probe.items():
+        a, k = figs["anolisnuma"], figs["kubelet"]
+        lines.append(f"LS {kind} p99 {a.p99:.0f} us against the kubelet defaults' {k.p99:.0f} us ({a.p99 / k.p99:.2f}x; "
+                     f"median round {statistics.median(a.round_p99) / statistics.median(k.round_p99):.2f}x; "
+                     f"the kubelet arm's rounds {min(k.round_p99):.0f}-{max(k.round_p99):.0f} us)")
+        if a.p99 > max(k.round_p99 + [k.p99]):
+            worse.append(kind)
     if not outcome.writes:
         return (f"anolisnuma on this kernel wrote nothing ({outcome.compared} settable files compared): its arm is "
-                f"the kubelet's defaults, so nothing it writes makes LS p99 worse.\n{figures_line}: the difference "
-                "is this run's noise.")
-    worse = a.p99 > max(k.round_p99 + [k.p99])
-    return (f"anolisnuma on this kernel wrote {len(outcome.writes)} files.\n{figures_line}: "
-            + ("WORSE than the kubelet's defaults" if worse else "not worse than the kubelet's defaults"))
+                "the kubelet's defaults, so nothing it writes makes LS p99 worse; the differences below are this "
+                "run's noise.\n" + "\n".join(lines))
+    return (f"anolisnuma on this kernel wrote {len(outcome.writes)} files: "
+            + (f"WORSE than the kubelet's defaults ({', '.join(worse)})" if worse
+               else "not worse than the kubelet's defaults") + ".\n" + "\n".join(lines))
 
 
 def print_outcome(outcome: DaemonOutcome) -> None:
@@ -791,6 +853,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--timer-slack-ns", type=int, default=1,
                     help="the probe's timer slack; 0 keeps the kernel's default (50 us)")
     ap.add_argument("--hogs", type=int, default=0, help="BE spinning processes (default twice the CPUs)")
+    ap.add_argument("--rr", action="store_true",
+                    help="also a request/response probe in the LS pod (a client waking every period, a server)")
     args = ap.parse_args(argv)
     quick = args.quick
     args.rounds = args.rounds or (2 if quick else 4)
@@ -822,20 +886,21 @@ def measure_and_report(args: argparse.Namespace, cleanup: contextlib.ExitStack, 
     period_us = int(tree.read("cpu", "kubepods/besteffort", "cpu.cfs_period_us"))
     arms = issue_arms(pods, ncpu, period_us) + [anolisnuma_arm(outcome.writes)]
 
-    workers = Workers(tree, pods, work, args.hogs, args.period_us * 1000, args.timer_slack_ns)
+    workers = Workers(tree, pods, work, args.hogs, args.period_us * 1000, args.timer_slack_ns, args.rr)
     cleanup.callback(workers.kill)
     load_before, t_before = load_average(), CpuTimes.now(workers.pids())
     start = time.monotonic()
     windows = measure(tree, workers, arms, args.rounds, args.seconds, args.settle)
     t_after = CpuTimes.now(workers.pids())
-    per_window = lateness_in(windows, *workers.samples())
+    samples = workers.samples()
     print_header(args, ncpu, tree, time.monotonic() - start, load_before, t_before, t_after)
     print_outcome(outcome)
-    print()
-    figs = figures(arms, windows, per_window)
-    print_table(arms, figs)
-    print_rounds(arms, figs, args.rounds)
-    print("\n" + verdict(outcome, figs))
+    by_probe = {kind: figures(arms, windows, values_in(windows, *pair)) for kind, pair in samples.items()}
+    for kind, figs in by_probe.items():
+        print(f"\n{PROBE_TITLES[kind]}")
+        print_table(arms, figs, issue=kind == WAKE_UP)
+        print_rounds(arms, figs, args.rounds)
+    print("\n" + verdict(outcome, by_probe))
 
 
 def print_header(args: argparse.Namespace, ncpu: int, tree: Tree, took: float, load_before: str,
@@ -844,8 +909,9 @@ def print_header(args: argparse.Namespace, ncpu: int, tree: Tree, took: float, l
     others = 100 * max(0, (after.busy - before.busy) - (after.ours - before.ours)) / total
     print(f"LS wake-up latency beside a BE CPU hog, {os.uname().sysname} {os.uname().release}, cgroup v1, "
           f"{ncpu} CPUs")
-    print(f"probe: SCHED_OTHER, wakes every {args.period_us} us, timer slack "
-          f"{args.timer_slack_ns or 'kernel default'} ns; hog: {args.hogs} spinning processes")
+    print(f"LS: SCHED_OTHER probe waking every {args.period_us} us (timer slack "
+          f"{args.timer_slack_ns or 'kernel default'} ns)" + (", and a request/response pair" if args.rr else "")
+          + f"; BE: {args.hogs} spinning processes")
     print(f"layout: {tree.root}/<controller>/{tree.name}/kubepods/... (the kubelet's cgroupfs names and cpu values)")
     print(f"{args.rounds} rounds x {args.seconds:g} s per arm (+{args.settle:g} s settle), order rotated each round; "
           f"measured in {took:.0f} s")

@@ -114,22 +114,23 @@ def test_samples_go_to_the_window_they_were_due_in():
     windows = [bench.Window("b", 0, 200, 300, 0.0), bench.Window("a", 0, 0, 100, 0.0)]
     due = [50, 99, 100, 150, 200, 299, 300]
     late = [1, 2, 3, 4, 5, 6, 7]
-    assert bench.lateness_in(windows, due, late) == [[5, 6], [1, 2]]
+    assert bench.values_in(windows, due, late) == [[5, 6], [1, 2]]
 
 
 @needs_v1_root
 def test_a_short_run_prints_every_arm_and_leaves_nothing():
-    proc = _run("--rounds", "1", "--seconds", "0.3", "--settle", "0.05")
+    proc = _run("--rounds", "1", "--seconds", "0.3", "--settle", "0.05", "--rr")
     out, err = proc.communicate(timeout=90)
     assert proc.returncode == 0, err
     lines = out.splitlines()
     labels = ("LS alone", "kubelet defaults", "cpu.idle=1 on the BestEffort class", "cpu.idle=1 on the BE pod group",
               "CFS quota 50%", "anolisnuma on this kernel")
     tables = [i for i, line in enumerate(lines) if line.startswith("arm ")]
-    assert len(tables) == 2, out   # the figures, then the rounds
+    assert len(tables) == 4, out   # each probe's figures, then its rounds
     for t in tables:
         assert [lines[t + 1 + i].startswith(label) for i, label in enumerate(labels)] == [True] * len(labels), out
-    assert "What anolisnuma (python -m anolisnuma" in out and out.splitlines()[-1].startswith("LS p99")
+    assert "What anolisnuma (python -m anolisnuma" in out
+    assert [line.split(" p99 ")[0] for line in lines[-2:]] == ["LS wake-up", "LS request/response"]
     assert _left_by(proc.pid) == ([], [])
 
 
