@@ -202,7 +202,6 @@ class Tree:
     def __init__(self, name: str, controllers: Sequence[str] = CONTROLLERS, root: str = CGROUP_ROOT) -> None:
         self.name, self.root = name, root
         self.controllers = tuple(c for c in controllers if os.path.isdir(os.path.join(root, c)))
-        self.made: List[Tuple[str, str]] = []
 
     def path(self, controller: str, rel: str = "", file: str = "") -> str:
         return os.path.join(self.root, controller, self.name, rel, file).rstrip("/")
@@ -221,7 +220,6 @@ class Tree:
 
     def _mkdir(self, controller: str, rel: str) -> None:
         os.mkdir(self.path(controller, rel))
-        self.made.append((controller, rel))
         if controller == "cpuset":   # a v1 cpuset starts empty: it takes its parent's, as the kubelet's do
             parent = os.path.dirname(self.path(controller, rel))
             for f in ("cpuset.cpus", "cpuset.mems"):
@@ -913,8 +911,8 @@ def print_header(args: argparse.Namespace, ncpu: int, tree: Tree, took: float, l
           f"{args.timer_slack_ns or 'kernel default'} ns)" + (", and a request/response pair" if args.rr else "")
           + f"; BE: {args.hogs} spinning processes")
     print(f"layout: {tree.root}/<controller>/{tree.name}/kubepods/... (the kubelet's cgroupfs names and cpu values)")
-    print(f"{args.rounds} rounds x {args.seconds:g} s per arm (+{args.settle:g} s settle), order rotated each round; "
-          f"measured in {took:.0f} s")
+    print(f"{args.rounds} rounds x {args.seconds:g} s per arm (+{args.settle:g} s settle), round r starting with arm r, "
+          f"backward every other round; measured in {took:.0f} s")
     print(f"load average {load_before} before, {load_average()} after (the hog alone adds about {args.hogs}); "
           f"other processes used {others:.0f}% of the CPUs, steal {100 * (after.steal - before.steal) / total:.0f}%"
           + (" - NOISY: other load shared the machine" if others > NOISY_PERCENT else ""))
