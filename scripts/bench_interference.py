@@ -291,31 +291,15 @@ class Tree:
 
     def remove(self) -> List[str]:
         """Remove the whole tree, deepest first; returns what could not be removed."""
-        return remove_tree([self.path(c) for c in self.controllers])
+        return [d for c in self.controllers for d in remove_tree(self.path(c))]
 
 
-def remove_tree(tops: Sequence[str], patience: float = 5.0) -> List[str]:
-    """rmdir every cgroup directory under each of ``tops`` (then it), deepest first. A cgroup
-    whose last task was just reaped may still be busy for a moment: retried until ``patience``."""
-    deadline = time.monotonic() + patience
-    left: List[str] = []
-    for top in tops:
-        if not os.path.isdir(top):
-            continue
-        dirs = [d for d, _, _ in os.walk(top, topdown=False)]
-        for d in dirs:
-            while True:
-                try:
-                    os.rmdir(d)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        left.append(d)
-                        break
-                    time.sleep(0.05)
-    return left
+def remove_tree(top: str, retries: int = 100) -> List[str]:
+    """rmdir every cgroup directory under ``top``, then it, deepest first (a cgroup whose last
+    task was just reaped stays busy for a moment: retried every 50 ms); what is left."""
+    from anolisnuma.testing.containerd import _rmdir_tree
+
+    return _rmdir_tree(top, retries=retries)
 
 
 def sweep_stale(root: str = CGROUP_ROOT, tmp: str = tempfile.gettempdir()) -> List[str]:
@@ -333,7 +317,7 @@ def sweep_stale(root: str = CGROUP_ROOT, tmp: str = tempfile.gettempdir()) -> Li
             if base == tmp:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
-            elif not remove_tree([path], patience=0.5):
+            elif not remove_tree(path, retries=10):
                 removed.append(path)
     return removed
 
