@@ -30,6 +30,17 @@ RESOURCE_EXHAUSTED; the sender refuses to send one. :class:`TtrpcDecoder` does t
 it skips the payload as it arrives, never holding it, and then yields an :class:`Oversized`
 item so that the session can answer the stream.
 
+**How a message must be cut into mux frames for containerd to read it.** On each logical
+connection ttrpc reads through a 4 KiB ``bufio.Reader``, and NRI's ``conn.Read`` hands over
+one whole mux frame per call or fails with ENOMEM when the frame is larger than the buffer
+it was given, having already dequeued it: the connection is then broken. bufio passes its
+own 4 KiB buffer for every read except one of at least 4 KiB into an empty buffer (the rest
+of a large payload), which goes straight into the caller's slice. So a frame that starts a
+message may be at most 4096 bytes, and a continuation no longer than the rest of the
+message. ttrpc's own writer (a 4 KiB ``bufio.Writer``) produces exactly that: the header
+and the first 4086 payload bytes in one frame, the rest in a second. :func:`message_frames`
+cuts the same way; never put a message of more than 4096 bytes into one frame.
+
 **Bounds.** A :class:`MuxDecoder` holds at most one partial frame (8 + ``max_frame``
 bytes); a :class:`TtrpcDecoder` at most one partial message (10 + ``max_message`` bytes).
 """
@@ -47,6 +58,8 @@ RUNTIME_SERVICE_CONN = 2   # the plugin calls the runtime: the plugin is the ttr
 MAX_MESSAGE = 4 << 20      # ttrpc's messageLengthMax
 # NRI's writer never puts more than this in one frame (maxPayloadSize in mux.go).
 MAX_MUX_PAYLOAD = TTRPC_HEADER_SIZE + MAX_MESSAGE
+# The size of ttrpc's bufio reader and writer on a logical connection (Go's default).
+GO_BUFIO_SIZE = 4096
 
 REQUEST = 1
 RESPONSE = 2
@@ -166,6 +179,17 @@ def ttrpc_frame(stream_id: int, type: int, flags: int, payload: bytes) -> bytes:
     return _TTRPC.pack(len(payload), stream_id, type, flags) + payload
 
 
+def message_frames(conn_id: int, stream_id: int, type: int, flags: int, payload: bytes) -> bytes:
+    """One ttrpc message on connection ``conn_id`` as mux frames, cut as ttrpc's writer
+    cuts it (see the module docstring): one frame up to :data:`GO_BUFIO_SIZE` bytes, the
+    rest of the message in a second."""
+    message = ttrpc_frame(stream_id, type, flags, payload)
+    if len(message) <= GO_BUFIO_SIZE:
+        return mux_frame(conn_id, message)
+    view = memoryview(message)
+    return mux_frame(conn_id, view[:GO_BUFIO_SIZE]) + mux_frame(conn_id, view[GO_BUFIO_SIZE:])
+
+
 class TtrpcDecoder:
     """Splits one logical connection's byte stream into :class:`TtrpcMessage` items, and
     :class:`Oversized` items for messages above ``max_message``, whose payload is dropped
@@ -251,8 +275,8 @@ class TtrpcDecoder:
 
 
 __all__ = [
-    "DATA", "FLAG_NO_DATA", "FLAG_REMOTE_CLOSED", "FLAG_REMOTE_OPEN", "FrameError", "MAX_MESSAGE",
+    "DATA", "FLAG_NO_DATA", "GO_BUFIO_SIZE", "FLAG_REMOTE_CLOSED", "FLAG_REMOTE_OPEN", "FrameError", "MAX_MESSAGE",
     "MAX_MUX_PAYLOAD", "MUX_HEADER_SIZE", "MuxDecoder", "Oversized", "PLUGIN_SERVICE_CONN", "REQUEST",
-    "RESPONSE", "RUNTIME_SERVICE_CONN", "TTRPC_HEADER_SIZE", "TtrpcDecoder", "TtrpcMessage", "mux_frame",
-    "ttrpc_frame",
+    "RESPONSE", "RUNTIME_SERVICE_CONN", "TTRPC_HEADER_SIZE", "TtrpcDecoder", "TtrpcMessage", "message_frames",
+    "mux_frame", "ttrpc_frame",
 ]
