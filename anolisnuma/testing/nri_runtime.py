@@ -92,7 +92,11 @@ class FakeNriRuntime:
         self.requests: List[Tuple[str, Optional[Message]]] = []
         self.update_error: Optional[Tuple[int, str]] = None   # UpdateContainers answer
         self.answer_calls = True                               # False: record, never answer
+        self.reading = threading.Event()                       # clear: stop reading (a stuck peer)
+        self.reading.set()
         self.violations: List[str] = []
+        # Responses from the plugin to no call of call_plugin (e.g. to requests sent raw).
+        self.unmatched: List[fr.TtrpcMessage] = []
         self.counters: Dict[str, int] = {"frames": 0, "responses": 0, "unknown_stream": 0}
         self._go = {fr.PLUGIN_SERVICE_CONN: GoReader(), fr.RUNTIME_SERVICE_CONN: GoReader()} if go_reader else None
         self._write_lock = threading.Lock()
@@ -130,6 +134,13 @@ class FakeNriRuntime:
             pass
 
     # ---- writing -----------------------------------------------------------------------
+
+    def stream_id(self) -> int:
+        """The next client stream id, for a request sent raw (ids must increase)."""
+        with self._lock:
+            sid = self._next_stream
+            self._next_stream += 2
+        return sid
 
     def send_raw(self, data: bytes) -> None:
         with self._write_lock:
@@ -182,6 +193,9 @@ class FakeNriRuntime:
         decoders = {fr.PLUGIN_SERVICE_CONN: fr.TtrpcDecoder(), fr.RUNTIME_SERVICE_CONN: fr.TtrpcDecoder()}
         try:
             while not self.closed.is_set():
+                while not self.reading.wait(0.05):
+                    if self.closed.is_set():
+                        return
                 data = conn.recv(256 * 1024)
                 if not data:
                     self.peer_closed.set()
@@ -218,6 +232,7 @@ class FakeNriRuntime:
             call = self._calls.pop(item.stream_id, None)
         if call is None:
             self.counters["unknown_stream"] += 1
+            self.unmatched.append(item)
             return
         self.counters["responses"] += 1
         call.data = item.payload
