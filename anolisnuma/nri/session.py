@@ -37,7 +37,8 @@ containerd itself. A bug there, or an impostor at that path, must not crash or b
 daemon: a broken mux layer (unknown connection id, frame above NRI's bound) closes the
 session; ttrpc-level faults are answered per stream, as ttrpc does (an oversized message:
 RESOURCE_EXHAUSTED; an unparseable Request, an even or reused stream id:
-INVALID_ARGUMENT; another service: UNIMPLEMENTED) and the session carries on. Data
+INVALID_ARGUMENT; another service, or a method not in :data:`PLUGIN_METHODS`:
+UNIMPLEMENTED, without calling the handler) and the session carries on. Data
 messages, requests on the client connection and responses on the server connection are
 ignored and counted: no NRI method streams, and an error answer to a stream nobody opened
 would only give a hostile peer an amplifier. A response to no pending call (one that timed

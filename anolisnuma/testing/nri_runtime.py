@@ -171,7 +171,8 @@ class FakeNriRuntime:
             raise NriRequestError(response.status.code, response.status.message)
         return response_cls.FromString(response.payload)
 
-    def _answer(self, sid: int, payload: bytes = b"", code: int = 0, message: str = "") -> None:
+    def answer(self, sid: int, payload: bytes = b"", code: int = 0, message: str = "") -> None:
+        """Send a Response on stream ``sid`` of connection 2 (e.g. to a call left unanswered)."""
         response = ttrpc_pb2.Response(payload=payload)
         response.status.code = code
         response.status.message = message
@@ -240,7 +241,7 @@ class FakeNriRuntime:
 
     def _on_request(self, item) -> None:
         if isinstance(item, fr.Oversized):
-            self._answer(item.stream_id, code=8, message="message too large")
+            self.answer(item.stream_id, code=8, message="message too large")
             return
         if item.type != fr.REQUEST:
             return
@@ -248,10 +249,10 @@ class FakeNriRuntime:
         try:
             envelope = ttrpc_pb2.Request.FromString(item.payload)
         except DecodeError:
-            self._answer(item.stream_id, code=3, message="unmarshal request error")
+            self.answer(item.stream_id, code=3, message="unmarshal request error")
             return
         if envelope.service != RUNTIME_SERVICE or envelope.method not in types:
-            self._answer(item.stream_id, code=12, message=f"{envelope.service}/{envelope.method}")
+            self.answer(item.stream_id, code=12, message=f"{envelope.service}/{envelope.method}")
             return
         try:
             request: Optional[Message] = types[envelope.method].FromString(envelope.payload)
@@ -261,15 +262,15 @@ class FakeNriRuntime:
         if not self.answer_calls:
             return
         if request is None:
-            self._answer(item.stream_id, code=3, message="unmarshal error")
+            self.answer(item.stream_id, code=3, message="unmarshal error")
             return
         if envelope.method == "RegisterPlugin":
             self.registered.set()
-            self._answer(item.stream_id, api_pb2.Empty().SerializeToString())
+            self.answer(item.stream_id, api_pb2.Empty().SerializeToString())
         elif self.update_error is not None:
-            self._answer(item.stream_id, code=self.update_error[0], message=self.update_error[1])
+            self.answer(item.stream_id, code=self.update_error[0], message=self.update_error[1])
         else:
-            self._answer(item.stream_id, api_pb2.UpdateContainersResponse().SerializeToString())
+            self.answer(item.stream_id, api_pb2.UpdateContainersResponse().SerializeToString())
 
 
 __all__ = ["FakeNriRuntime", "GoReader"]

@@ -128,7 +128,7 @@ def test_configure_served_while_register_waits(pair):
     wait_until(lambda: rt.requests, "RegisterPlugin at the runtime")
     assert configure(rt).events == 0b1001
     sid = 1   # the plugin's first stream id on connection 2
-    rt._answer(sid, api_pb2.Empty().SerializeToString())
+    rt.answer(sid, api_pb2.Empty().SerializeToString())
     t.join(30)
     assert isinstance(result["r"], api_pb2.Empty)
 
@@ -278,7 +278,7 @@ def test_call_times_out_and_a_late_answer_is_counted(pair):
     rt.answer_calls = False
     with pytest.raises(TimeoutError):
         session.call("UpdateContainers", api_pb2.UpdateContainersRequest(), api_pb2.UpdateContainersResponse, 0.05)
-    rt._answer(1, api_pb2.UpdateContainersResponse().SerializeToString())
+    rt.answer(1, api_pb2.UpdateContainersResponse().SerializeToString())
     wait_until(lambda: session.counters["unknown_stream"] == 1, "the late answer counted")
     assert not session.closed
 
