@@ -107,8 +107,8 @@ built=()
 for arch in $arches; do
   stage="$top/stage/$arch"
   mkdir -p "$stage/app"
-  # anolisnuma without its test helpers, and cri_proto, as they are in this checkout.
-  tar -C "$HERE" --exclude=__pycache__ --exclude='*.pyc' --exclude=anolisnuma/testing -cf - anolisnuma cri_proto \
+  # anolisnuma without its test helpers, cri_proto and nri_proto, as they are in this checkout.
+  tar -C "$HERE" --exclude=__pycache__ --exclude='*.pyc' --exclude=anolisnuma/testing -cf - anolisnuma cri_proto nri_proto \
     | tar -C "$stage/app" -xf -
   install -m 0644 "$HERE/rpm/launch.py" "$stage/launch.py"
   : > "$stage/bundled.txt"

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Regenerate cri_proto/api_pb2.py and cri_proto/api_pb2.pyi from cri_proto/api.proto, and
-# the gRPC stub cri_proto/runtime_service_pb2_grpc.py from cri_proto/runtime_service.proto:
+# the gRPC stub cri_proto/runtime_service_pb2_grpc.py from cri_proto/runtime_service.proto,
+# and nri_proto/api_pb2.py(i) and nri_proto/ttrpc_pb2.py(i) from nri_proto/api.proto (NRI's
+# own, verbatim) and nri_proto/ttrpc.proto (the ttrpc envelope, see nri_proto/README.md):
 #
 #     scripts/gen-proto.sh
 #
@@ -54,6 +56,14 @@ fi
 
 "$PYTHON" -m grpc_tools.protoc -I cri_proto --python_out=cri_proto --pyi_out=cri_proto cri_proto/api.proto
 "$PYTHON" -m grpc_tools.protoc -I . --grpc_python_out=. cri_proto/runtime_service.proto
+# NRI: messages only, no service stubs (nri_proto/README.md). -I nri_proto: api.proto and
+# ttrpc.proto import nothing, so the modules are self-contained.
+"$PYTHON" -m grpc_tools.protoc -I nri_proto --python_out=nri_proto --pyi_out=nri_proto \
+    nri_proto/api.proto nri_proto/ttrpc.proto
+# NRI's enum Field has a value named None; protoc's .pyi declares it as `None: Field`, which
+# is not valid Python (the runtime module is fine: Field.Value("None") == 0). Comment the
+# two declarations out so that type checkers and linters can read the stub.
+sed -i 's/^\( *\)None: /\1# not a Python name, use Field.Value("None"): None: /' nri_proto/api_pb2.pyi
 
 not_newer() {   # not_newer VERSION FLOOR: whether VERSION <= FLOOR
     "$PYTHON" - "$1" "$2" <<'PY'
@@ -64,8 +74,15 @@ PY
 }
 
 gencode=$(sed -n 's/^# Protobuf Python Version: //p' cri_proto/api_pb2.py)
+for f in nri_proto/api_pb2.py nri_proto/ttrpc_pb2.py; do
+    other=$(sed -n 's/^# Protobuf Python Version: //p' "$f")
+    if [ "$other" != "$gencode" ]; then
+        echo "ERROR: $f has gencode $other, cri_proto/api_pb2.py $gencode" >&2
+        exit 1
+    fi
+done
 grpc_gencode=$(sed -n "s/^GRPC_GENERATED_VERSION = '\(.*\)'$/\1/p" cri_proto/runtime_service_pb2_grpc.py)
-echo "generated cri_proto/api_pb2.py, api_pb2.pyi and runtime_service_pb2_grpc.py" \
+echo "generated cri_proto/api_pb2.py, api_pb2.pyi, runtime_service_pb2_grpc.py and nri_proto/{api,ttrpc}_pb2.py{,i}" \
      "($("$PYTHON" -m grpc_tools.protoc --version), gencode $gencode, grpc gencode $grpc_gencode)"
 if ! not_newer "$gencode" "$floor"; then
     echo "ERROR: gencode $gencode needs protobuf >= $gencode at run time but pyproject.toml allows $floor;" >&2

@@ -108,7 +108,7 @@ def workdir():
 def checkout_modules() -> List[str]:
     """The checkout's modules but the test helpers, as paths relative to it."""
     out = []
-    for base in ["anolisnuma", "cri_proto"]:
+    for base in ["anolisnuma", "cri_proto", "nri_proto"]:
         for dirpath, dirs, names in os.walk(os.path.join(REPO, base)):
             dirs[:] = [d for d in dirs if d not in ("__pycache__", "testing")]
             out += [os.path.relpath(os.path.join(dirpath, n), REPO) for n in names if n.endswith(".py")]
@@ -170,6 +170,7 @@ def test_contents(native_rpm):
     files = set(query(native_rpm, "-l").split())
     for path in ["/usr/bin/anolisnuma", "/usr/bin/anolisnuma-ctl", f"{LIB}/launch.py",
                  f"{LIB}/app/anolisnuma/cli.py", f"{LIB}/app/anolisnuma/daemon.py", f"{LIB}/app/cri_proto/api_pb2.py",
+                 f"{LIB}/app/nri_proto/api_pb2.py", f"{LIB}/app/nri_proto/ttrpc_pb2.py",
                  "/etc/anolisnuma/config.toml", "/usr/lib/systemd/system/anolisnuma.service",
                  "/usr/lib/systemd/system/anolisnuma.socket", "/usr/share/anolisnuma/deploy/crd-oenuma.yaml",
                  "/etc/logrotate.d/anolisnuma", "/usr/share/anolisnuma/kubelet-99-anolisnuma-endpoint.conf",
@@ -277,7 +278,7 @@ IMPORT_ALL = r"""
 import importlib, json, pkgutil, sys, sysconfig
 sys.path[:0] = sys.argv[1:3]
 import anolisnuma
-names = ["cri_proto", "cri_proto.api_pb2"] + sys.argv[3].split(",")
+names = ["cri_proto", "cri_proto.api_pb2", "nri_proto", "nri_proto.api_pb2", "nri_proto.ttrpc_pb2"] + sys.argv[3].split(",")
 names += [m.name for m in pkgutil.walk_packages(anolisnuma.__path__, "anolisnuma.")
           if not m.name.endswith(".__main__")]
 for n in names:
