@@ -56,10 +56,11 @@ fi
 
 "$PYTHON" -m grpc_tools.protoc -I cri_proto --python_out=cri_proto --pyi_out=cri_proto cri_proto/api.proto
 "$PYTHON" -m grpc_tools.protoc -I . --grpc_python_out=. cri_proto/runtime_service.proto
-# NRI: messages only, no service stubs (nri_proto/README.md). -I nri_proto: api.proto and
-# ttrpc.proto import nothing, so the modules are self-contained.
-"$PYTHON" -m grpc_tools.protoc -I nri_proto --python_out=nri_proto --pyi_out=nri_proto \
-    nri_proto/api.proto nri_proto/ttrpc.proto
+# NRI: messages only, no service stubs (nri_proto/README.md). -I . (not -I nri_proto): the
+# descriptor pool knows each file by the name it was given to protoc, and cri_proto's is
+# "api.proto" already; a second "api.proto" refuses to load in the same process. api.proto
+# and ttrpc.proto import nothing, so the modules are self-contained.
+"$PYTHON" -m grpc_tools.protoc -I . --python_out=. --pyi_out=. nri_proto/api.proto nri_proto/ttrpc.proto
 # NRI's enum Field has a value named None; protoc's .pyi declares it as `None: Field`, which
 # is not valid Python (the runtime module is fine: Field.Value("None") == 0). Comment the
 # two declarations out so that type checkers and linters can read the stub.

@@ -139,3 +139,13 @@ def test_status_decodes_as_google_rpc_status_would_encode_it():
     status = ttrpc_pb2.Status.FromString(wire)
     assert (status.code, status.message, status.details[0].type_url, status.details[0].value) == (8, "x", "t", b"v")
     assert status.SerializeToString() == wire
+
+
+def test_nri_and_cri_messages_load_in_one_process():
+    """The daemon imports both: protobuf knows each file by the name protoc was given, and
+    two files named api.proto would not load side by side (scripts/gen-proto.sh, -I .)."""
+    from cri_proto import api_pb2 as cri
+    from nri_proto import api_pb2 as nri_api, ttrpc_pb2
+
+    assert cri.DESCRIPTOR.name == "api.proto"
+    assert (nri_api.DESCRIPTOR.name, ttrpc_pb2.DESCRIPTOR.name) == ("nri_proto/api.proto", "nri_proto/ttrpc.proto")
