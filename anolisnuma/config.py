@@ -311,11 +311,13 @@ class Config:
     qos: Any = None    # anolisnuma.policies.qos.config.QosConfig
     numa: Any = None   # anolisnuma.policies.numa.config.NumaConfig
     kubernetes: Any = None   # anolisnuma.cluster.config.KubernetesConfig
+    nri: Any = None   # anolisnuma.nri.config.NriConfig
     source: Optional[str] = None
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any], source: Optional[str] = None) -> "Config":
         from anolisnuma.cluster.config import KubernetesConfig
+        from anolisnuma.nri.config import NriConfig
         from anolisnuma.policies.numa.config import NumaConfig
         from anolisnuma.policies.qos.config import QosConfig
 
@@ -332,6 +334,7 @@ class Config:
             qos=QosConfig.from_table(root.table("qos")),
             numa=NumaConfig.from_table(root.table("numa")),
             kubernetes=KubernetesConfig.from_table(root.table("kubernetes")),
+            nri=NriConfig.from_table(root.table("nri")),
             source=source,
         )
         root.finish()

@@ -164,6 +164,10 @@ class Daemon:
         self.interceptor = Interceptor(hooks, config.hooks, self.store, self.executor,
                                        max_message_bytes=config.server.max_message_bytes)
         self.interceptor.set_debug(config.log.level == "debug")
+        # NRI mode: the policies act on containerd's NRI events; the relay defers to it
+        self.nri_enabled = config.nri is not None and config.nri.enabled
+        self.interceptor.relay_hooks = not self.nri_enabled
+        self.nri: Any = None   # the NRI plugin (anolisnuma.nri.plugin.NriPlugin), in NRI mode
         # As containerd does: every connection costs descriptors, and the runtime behind us
         # serves as many as its own limit allows.
         self.open_files = raise_open_files_limit()
@@ -214,6 +218,9 @@ class Daemon:
                  runtime=self.config.runtime.endpoint, config=self.config.source,
                  max_connections=self.relay.max_connections, open_files_limit=self.open_files.soft)
         self._warn_connection_limits()
+        if self.nri_enabled:
+            log.info("NRI mode: the policies act on containerd's NRI events; this socket relays every call "
+                     "unchanged", nri_socket=self.config.nri.socket)
         if self.config.server.socket_mode & 0o007:
             log.warning("server.socket_mode lets every local user in: through this socket they reach "
                         "containerd's root API (0660 keeps it to root and the socket's group)",
@@ -370,9 +377,29 @@ class Daemon:
                 await self._start_controller(controller)
         self.controllers.add(resync)
         await self._start_controller(resync)
+        if self.nri_enabled:
+            self._start_nri(resync)
         # With no periodic resync, nothing would ever turn the windows of what calls named.
         self.interceptor.recent.set_enabled(resync.interval > 0)
         self.resynced = True
+
+    def _start_nri(self, resync: RuntimeResync) -> None:
+        """Register with containerd's NRI once the policies are ready (an event that came
+        earlier would wait for them past containerd's 2 s); the re-pinner's live moves
+        then leave through NRI."""
+        from anolisnuma.nri.frontend import NriFrontEnd
+        from anolisnuma.nri.plugin import NriPlugin
+
+        numa = next((h for h in self.hooks if getattr(h, "repinner", None) is not None), None)
+        fallback = numa.repinner.client if numa is not None else None
+        plugin = self.nri = NriPlugin(self.config.nri, NriFrontEnd(self.interceptor, asyncio.get_running_loop()),
+                                      on_synchronize=resync.wake, fallback=fallback)
+        if numa is not None:
+            numa.repinner.client = plugin
+        self.controllers.add(plugin)
+        plugin.start()
+        plugin.wake()
+        log.info("background loop started", controller=plugin.name, socket=self.config.nri.socket)
 
     def _connect(self, timeout_seconds: Optional[float] = None) -> Any:
         """A new client to containerd for a background loop."""

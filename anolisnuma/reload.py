@@ -35,7 +35,7 @@ def flatten(config: Config) -> Dict[str, Any]:
     """Every leaf value of the configuration by dotted key."""
     out: Dict[str, Any] = {}
     for section in ("server", "runtime", "log", "paths", "cgroups", "hooks", "admin", "metrics", "qos", "numa",
-                    "kubernetes"):
+                    "kubernetes", "nri"):
         _flatten(section, getattr(config, section), out)
     return out
 

@@ -60,10 +60,12 @@ class PipelineCall:
     through and :meth:`Interceptor.on_forwarded` only records it.
     """
 
-    __slots__ = ("spec", "started", "call", "skip_hooks", "log", "holds_request", "failures", "entry", "gone")
+    __slots__ = ("spec", "started", "call", "skip_hooks", "log", "holds_request", "failures", "entry", "gone",
+                 "via_nri")
 
-    def __init__(self, spec: methods.MethodSpec, holds_request: bool = True) -> None:
+    def __init__(self, spec: methods.MethodSpec, holds_request: bool = True, via_nri: bool = False) -> None:
         self.spec = spec
+        self.via_nri = via_nri   # an NRI event of containerd's, not a kubelet call through the relay
         self.started = time.perf_counter()
         self.call: Optional[H.Call] = None
         self.skip_hooks = False
@@ -101,6 +103,9 @@ class Interceptor:
         self.reaper = Reaper(store)
         self.reaper.add(self.pod_locks)
         self.reaper.add(self.journal)
+        # False in NRI mode: the relay then passes every call unchanged and the policies act
+        # on containerd's NRI events only (anolisnuma/nri), never twice on one pod.
+        self.relay_hooks = True
         self.hooks: List[H.Hook] = []
         self._pre: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
         self._post: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
@@ -152,12 +157,18 @@ class Interceptor:
 
     # ---------------------------------------------------------------- relay interface
     def begin(self, path: str) -> Optional[PipelineCall]:
-        spec = methods.INTERCEPTED_PATHS.get(path)
+        spec = methods.INTERCEPTED_PATHS.get(path) if self.relay_hooks else None
         if spec is None:
             if self._debug:
                 log.debug("pass-through call", method=path)
             return None
         return PipelineCall(spec, holds_request=not self._ready or bool(self._pre[spec.name]))
+
+    def begin_nri(self, method: str) -> PipelineCall:
+        """A call for one of containerd's NRI events, translated into the CRI request the
+        kubelet would have sent (``anolisnuma/nri/frontend.py``): it takes the same path
+        as a relayed call, minus the relay."""
+        return PipelineCall(methods.INTERCEPTED[method], holds_request=True, via_nri=True)
 
     def on_request(self, pc: PipelineCall, body: bytes) -> Union[Decision, "asyncio.Future[Decision]"]:
         """Decide what to do with a complete held request: forward it (original or edited)
@@ -221,7 +232,7 @@ class Interceptor:
         pc.call = call
         pc.log = log.bind(**describe(call))
         pc.skip_hooks = self._opted_out(call)
-        pc.log.info(f"{_WORDS[pc.method]} request from kubelet",
+        pc.log.info(f"{_WORDS[pc.method]} " + ("event from containerd (NRI)" if pc.via_nri else "request from kubelet"),
                     hooks="skipped (pod opted out)" if pc.skip_hooks else None)
 
     def on_reply(self, pc: PipelineCall, body: Optional[bytes], status: int, message: str,
@@ -231,6 +242,7 @@ class Interceptor:
         status_name = grpcwire.STATUS_NAMES.get(status, str(status))
         self.call_stats.observe((pc.method, status_name), seconds)
         source = "anolisnuma" if answered_by_proxy else "containerd"
+        said = f"{_WORDS[pc.method]} " + ("answered to containerd (NRI)" if pc.via_nri else f"reply from {source}")
         call = pc.call
         reply = None
         if status == 0 and body is not None and call is not None:
@@ -242,11 +254,11 @@ class Interceptor:
         notes = call.notes if call is not None and call.notes else None
         logger = pc.log if call is not None else log.bind(method=pc.method)
         if status == 0:
-            logger.info(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
+            logger.info(said, status=status_name,
                         latency_ms=latency_ms, decisions=notes, **_reply_ids(call))
         else:
             emit = logger.info if status == _NOT_FOUND and pc.method in _IDEMPOTENT_TEARDOWN else logger.warning
-            emit(f"{_WORDS[pc.method]} reply from {source}", status=status_name,
+            emit(said, status=status_name,
                  error=message[:512], latency_ms=latency_ms, decisions=notes)
         if call is not None:
             self._journal(pc, call, status_name, latency_ms, source)

@@ -215,90 +215,97 @@ def check_ledger_consistent(hook: NumaHook) -> None:
 
 def test_balance_pins_real_cgroups_and_merges_kubelet_updates(containerd, direct, tmp_path):
     with inprocess_numa_proxy(containerd, str(tmp_path), direct) as (proxy, hook, kl, data):
-        assert str(hook.placement.topology.cpus) == "0-1" and len(hook.placement.topology.nodes) == 2
-        assert str(hook.placement.shared_pool) == "0-1"
+        check_balance(hook, kl, direct, data)
 
-        # (name, pod-level resources, [(container, resources)], expected node)
-        # Expected by the documented rule: most free capacity (1000 m per CPU), then fewer
-        # pods, then the lowest node id.
-        plan = [
-            ("be-0", None, [("a", None), ("b", res(kl, shares=2))], 0),
-            ("be-1", None, [("a", None), ("b", None)], 1),
-            ("burst-a", res(kl, quota=60000, period=100000),
-             [("main", res(kl, quota=50000, period=100000, cpuset="0-1")), ("side", res(kl, shares=102))], 0),
-            ("burst-b", res(kl, shares=614),
-             [("main", res(kl, shares=512)), ("side", res(kl, shares=102, cpuset="0-1"))], 1),
-            ("be-2", None, [("a", None), ("b", None)], 0),        # 400 m free on both, 2 pods each
-            ("late", res(kl, quota=30000, period=100000),
-             [("main", res(kl, quota=30000, period=100000)), ("b", None)], 1),  # 3 pods on node 0
-        ]
-        pods: Dict[str, Tuple[Pod, List[str], int]] = {}
-        for name, pod_res, containers, want in plan:
-            pod = kl.run_pod(name=name, namespace=NS, pod_resources=pod_res)
-            cids = [kl.run_container(pod, cname, r) for cname, r in containers]
-            pods[name] = (pod, cids, want)
 
-        placed = {}
-        for name, (pod, cids, want) in pods.items():
-            alloc = alloc_of(hook, pod.uid)
-            assert alloc is not None, f"{name} was not placed"
-            assert alloc.nodes == (want,), (name, alloc.nodes)
-            assert alloc.sandbox_id == pod.id and set(alloc.containers) == set(cids) and not alloc.pending
-            placed[name] = alloc.nodes[0]
-            for cid in cids:
-                cpus, mems, spec_cpus = real_cpuset(direct, cid)
-                # every container of the pod: the pod's node, in the real cgroup
-                assert (cpus, spec_cpus) == (NODE_CPU[want], NODE_CPU[want]), (name, cid)
-                assert mems == "0"  # memory_pinning = "off": the parent's mems
-        per_node = [sum(1 for n in placed.values() if n == i) for i in (0, 1)]
-        assert per_node == [3, 3]
-        loads = hook.placement.ledger.loads()
-        assert (loads[0].millicpu, loads[1].millicpu) == (600, 900)
-        check_ledger_consistent(hook)
+def check_balance(hook: NumaHook, kl: KubeletLike, direct: KubeletLike, data: Dict[str, Any]) -> None:
+    """Pods with and without CPU requests spread over the two nodes, unmanaged and
+    opted-out pods left alone, the kubelet's updates merged, capacity released: ``kl``
+    creates the pods (through the proxy, or straight on containerd in NRI mode)."""
+    assert str(hook.placement.topology.cpus) == "0-1" and len(hook.placement.topology.nodes) == 2
+    assert str(hook.placement.shared_pool) == "0-1"
 
-        # Not managed: another namespace, and an opted-out pod of the managed namespace.
-        other = kl.run_pod(name="other", namespace=OTHER_NS)
-        other_free = kl.run_container(other, "free", res(kl, shares=512))
-        other_asked = kl.run_container(other, "asked", res(kl, cpuset="1"))
-        skipped = kl.run_pod(name="skipped", namespace=NS, annotations={SKIP: "true"})
-        skipped_c = kl.run_container(skipped, "free", res(kl, shares=512))
-        assert real_cpus(direct, other_free) == "0-1"      # the parent's
-        assert real_cpus(direct, other_asked) == "1"       # what the client asked
-        assert real_cpus(direct, skipped_c) == "0-1"
-        assert alloc_of(hook, other.uid) is None and alloc_of(hook, skipped.uid) is None
-        assert hook.placement.ledger.loads() == loads
+    # (name, pod-level resources, [(container, resources)], expected node)
+    # Expected by the documented rule: most free capacity (1000 m per CPU), then fewer
+    # pods, then the lowest node id.
+    plan = [
+        ("be-0", None, [("a", None), ("b", res(kl, shares=2))], 0),
+        ("be-1", None, [("a", None), ("b", None)], 1),
+        ("burst-a", res(kl, quota=60000, period=100000),
+         [("main", res(kl, quota=50000, period=100000, cpuset="0-1")), ("side", res(kl, shares=102))], 0),
+        ("burst-b", res(kl, shares=614),
+         [("main", res(kl, shares=512)), ("side", res(kl, shares=102, cpuset="0-1"))], 1),
+        ("be-2", None, [("a", None), ("b", None)], 0),        # 400 m free on both, 2 pods each
+        ("late", res(kl, quota=30000, period=100000),
+         [("main", res(kl, quota=30000, period=100000)), ("b", None)], 1),  # 3 pods on node 0
+    ]
+    pods: Dict[str, Tuple[Pod, List[str], int]] = {}
+    for name, pod_res, containers, want in plan:
+        pod = kl.run_pod(name=name, namespace=NS, pod_resources=pod_res)
+        cids = [kl.run_container(pod, cname, r) for cname, r in containers]
+        pods[name] = (pod, cids, want)
 
-        # The kubelet re-sends the shared pool: merged, our pinning kept, the rest applied.
-        pod, (main, side), _ = pods["burst-a"]
-        kl.update_resources(main, kl.resources(cpu_shares=512, cpu_quota=80000, cpu_period=100000,
-                                               cpuset_cpus="0-1"))
-        pod_b, (main_b, _), _ = pods["be-1"]
-        kl.update_resources(main_b, kl.resources(cpu_shares=2, cpuset_cpus="0-1"))
-        _, info = direct.container_status(main)
-        cpu_dir = f"{CG}/cpu{info['runtimeSpec']['linux']['cgroupsPath']}"
-        assert read_file(f"{cpu_dir}/cpu.cfs_quota_us") == "80000"   # not swallowed
-        assert real_cpuset(direct, main)[::2] == ("0", "0")
-        assert real_cpuset(direct, main_b)[::2] == ("1", "1")
-        assert alloc_of(hook, pod.uid).containers[main].millicpu == 800   # in-place resize counted
-        # an unmanaged container's update passes untouched
-        kl.update_resources(other_free, kl.resources(cpuset_cpus="0"))
-        assert real_cpus(direct, other_free) == "0"
-        check_ledger_consistent(hook)
+    placed = {}
+    for name, (pod, cids, want) in pods.items():
+        alloc = alloc_of(hook, pod.uid)
+        assert alloc is not None, f"{name} was not placed"
+        assert alloc.nodes == (want,), (name, alloc.nodes)
+        assert alloc.sandbox_id == pod.id and set(alloc.containers) == set(cids) and not alloc.pending
+        placed[name] = alloc.nodes[0]
+        for cid in cids:
+            cpus, mems, spec_cpus = real_cpuset(direct, cid)
+            # every container of the pod: the pod's node, in the real cgroup
+            assert (cpus, spec_cpus) == (NODE_CPU[want], NODE_CPU[want]), (name, cid)
+            assert mems == "0"  # memory_pinning = "off": the parent's mems
+    per_node = [sum(1 for n in placed.values() if n == i) for i in (0, 1)]
+    assert per_node == [3, 3]
+    loads = hook.placement.ledger.loads()
+    assert (loads[0].millicpu, loads[1].millicpu) == (600, 900)
+    check_ledger_consistent(hook)
 
-        # The persisted state says the same.
-        saved = {a["pod_uid"]: a for a in load_numa_state(data["paths"]["state_dir"])}
-        assert set(saved) == {p.uid for p, _, _ in pods.values()}
-        for p, cids, want in pods.values():
-            assert saved[p.uid]["nodes"] == [want] and set(saved[p.uid]["containers"]) == set(cids)
+    # Not managed: another namespace, and an opted-out pod of the managed namespace.
+    other = kl.run_pod(name="other", namespace=OTHER_NS)
+    other_free = kl.run_container(other, "free", res(kl, shares=512))
+    other_asked = kl.run_container(other, "asked", res(kl, cpuset="1"))
+    skipped = kl.run_pod(name="skipped", namespace=NS, annotations={SKIP: "true"})
+    skipped_c = kl.run_container(skipped, "free", res(kl, shares=512))
+    assert real_cpus(direct, other_free) == "0-1"      # the parent's
+    assert real_cpus(direct, other_asked) == "1"       # what the client asked
+    assert real_cpus(direct, skipped_c) == "0-1"
+    assert alloc_of(hook, other.uid) is None and alloc_of(hook, skipped.uid) is None
+    assert hook.placement.ledger.loads() == loads
 
-        # Release: removing a pod frees its capacity (and the file follows).
-        kl.stop_pod(pods["late"][0])
-        kl.remove_pod(pods["late"][0])
-        assert alloc_of(hook, pods["late"][0].uid) is None
-        assert hook.placement.ledger.loads()[1].millicpu == 600
-        assert pods["late"][0].uid not in {a["pod_uid"] for a in load_numa_state(data["paths"]["state_dir"])}
-        kl.cleanup()
-        assert hook.placement.allocations() == []
+    # The kubelet re-sends the shared pool: merged, our pinning kept, the rest applied.
+    pod, (main, side), _ = pods["burst-a"]
+    kl.update_resources(main, kl.resources(cpu_shares=512, cpu_quota=80000, cpu_period=100000,
+                                           cpuset_cpus="0-1"))
+    pod_b, (main_b, _), _ = pods["be-1"]
+    kl.update_resources(main_b, kl.resources(cpu_shares=2, cpuset_cpus="0-1"))
+    _, info = direct.container_status(main)
+    cpu_dir = f"{CG}/cpu{info['runtimeSpec']['linux']['cgroupsPath']}"
+    assert read_file(f"{cpu_dir}/cpu.cfs_quota_us") == "80000"   # not swallowed
+    assert real_cpuset(direct, main)[::2] == ("0", "0")
+    assert real_cpuset(direct, main_b)[::2] == ("1", "1")
+    assert alloc_of(hook, pod.uid).containers[main].millicpu == 800   # in-place resize counted
+    # an unmanaged container's update passes untouched
+    kl.update_resources(other_free, kl.resources(cpuset_cpus="0"))
+    assert real_cpus(direct, other_free) == "0"
+    check_ledger_consistent(hook)
+
+    # The persisted state says the same.
+    saved = {a["pod_uid"]: a for a in load_numa_state(data["paths"]["state_dir"])}
+    assert set(saved) == {p.uid for p, _, _ in pods.values()}
+    for p, cids, want in pods.values():
+        assert saved[p.uid]["nodes"] == [want] and set(saved[p.uid]["containers"]) == set(cids)
+
+    # Release: removing a pod frees its capacity (and the file follows).
+    kl.stop_pod(pods["late"][0])
+    kl.remove_pod(pods["late"][0])
+    assert alloc_of(hook, pods["late"][0].uid) is None
+    assert hook.placement.ledger.loads()[1].millicpu == 600
+    assert pods["late"][0].uid not in {a["pod_uid"] for a in load_numa_state(data["paths"]["state_dir"])}
+    kl.cleanup()
+    assert hook.placement.allocations() == []
 
 
 # ------------------------------------------------------------------------------ 2. kubelet CPU manager

@@ -1,0 +1,116 @@
+"""``NriFrontEnd``: containerd's NRI events through the same pipeline as the kubelet's calls.
+
+Each event is translated into the CRI request the kubelet sent for it (``translate.py``)
+and run through the :class:`~anolisnuma.pipeline.interceptor.Interceptor` as if the relay
+had received it: pre-hooks (which may edit the cpuset or refuse), then the "reply" that
+containerd's own handling amounts to, then the post-hooks. The store, the pod locks, the
+hooks' budgets and failure policies, the journal, the decision events and the metrics are
+therefore the proxy's, call for call:
+
+==========================  ==========================  =======================================
+NRI event (containerd 2.x)   runs as                      answered to containerd with
+==========================  ==========================  =======================================
+RunPodSandbox (sandbox up)   RunPodSandbox                 --
+CreateContainer              CreateContainer               the hooks' cpuset as ContainerAdjustment
+StartContainer (task made,   StartContainer                --
+not yet started)
+UpdateContainer              UpdateContainerResources      the hooks' cpuset as a ContainerUpdate
+StopContainer                StopContainer                 --
+RemoveContainer              RemoveContainer               --
+StopPodSandbox               StopPodSandbox                --
+RemovePodSandbox             RemovePodSandbox              --
+==========================  ==========================  =======================================
+
+A refusal (a pre-hook under ``failure_policy = "fail"``) is raised as
+:class:`~anolisnuma.nri.session.NriRequestError` with the call's gRPC code: containerd then
+fails the CRI call that caused the event, as it would have failed through the proxy.
+
+The interceptor lives on the daemon's event loop; NRI requests arrive on the session's
+worker threads, which hand each call to the loop and wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any, Optional, Tuple
+
+from anolisnuma.cri import grpcwire
+from anolisnuma.nri import translate
+from anolisnuma.nri.session import NriRequestError
+from anolisnuma.pipeline import hooks as H
+from anolisnuma.pipeline.decision import Decision
+from cri_proto import api_pb2 as cri
+
+# gRPC code for a call the pipeline did not finish within the time containerd gives us
+_DEADLINE_EXCEEDED = 4
+
+
+class NriFrontEnd:
+    """``NriFrontEnd(interceptor, loop)``; ``timeout`` bounds each event (containerd's own
+    ``plugin_request_timeout`` is 2 s and closes a plugin that overruns it)."""
+
+    def __init__(self, interceptor: Any, loop: asyncio.AbstractEventLoop, timeout: float = 2.0) -> None:
+        self.interceptor = interceptor
+        self.loop = loop
+        self.timeout = timeout
+
+    # ------------------------------------------------------------------ events
+    def run_pod_sandbox(self, pod: Any) -> None:
+        self._call(H.RUN_POD_SANDBOX, *translate.run_pod_sandbox(pod))
+
+    def create_container(self, pod: Any, ctr: Any) -> Any:
+        """The ``ContainerAdjustment`` for a container about to be created."""
+        req, reply = translate.create_container(pod, ctr)
+        edited = self._call(H.CREATE_CONTAINER, req, reply)
+        return translate.adjustment(req, edited)
+
+    def start_container(self, ctr: Any) -> None:
+        self._call(H.START_CONTAINER, cri.StartContainerRequest(container_id=ctr.id),
+                   cri.StartContainerResponse())
+
+    def update_container(self, ctr: Any, resources: Any) -> Optional[Any]:
+        """The ``ContainerUpdate`` for a container being updated, or None."""
+        req = translate.update_container(ctr, resources)
+        edited = self._call(H.UPDATE_CONTAINER_RESOURCES, req, cri.UpdateContainerResourcesResponse())
+        return translate.container_update(ctr.id, req, edited)
+
+    def stop_container(self, ctr: Any) -> None:
+        self._call(H.STOP_CONTAINER, cri.StopContainerRequest(container_id=ctr.id), cri.StopContainerResponse())
+
+    def remove_container(self, ctr: Any) -> None:
+        self._call(H.REMOVE_CONTAINER, cri.RemoveContainerRequest(container_id=ctr.id),
+                   cri.RemoveContainerResponse())
+
+    def stop_pod_sandbox(self, pod: Any) -> None:
+        self._call(H.STOP_POD_SANDBOX, cri.StopPodSandboxRequest(pod_sandbox_id=pod.id), cri.StopPodSandboxResponse())
+
+    def remove_pod_sandbox(self, pod: Any) -> None:
+        self._call(H.REMOVE_POD_SANDBOX, cri.RemovePodSandboxRequest(pod_sandbox_id=pod.id),
+                   cri.RemovePodSandboxResponse())
+
+    # ------------------------------------------------------------------ the pipeline
+    def _call(self, method: str, request: Any, reply: Any) -> Any:
+        """Run one call on the loop; the request as the pre-hooks left it."""
+        fut = asyncio.run_coroutine_threadsafe(self._run(method, request, reply), self.loop)
+        try:
+            edited, decision = fut.result(self.timeout)
+        except concurrent.futures.TimeoutError:   # (TimeoutError itself from 3.11 only)
+            # containerd has given up on us by now (and closes the connection); the hooks
+            # finish on their own, within their budgets
+            raise NriRequestError(_DEADLINE_EXCEEDED, f"anolisnuma: {method} took more than {self.timeout:g}s")
+        if decision.status:
+            raise NriRequestError(decision.status, decision.message)
+        return edited
+
+    async def _run(self, method: str, request: Any, reply: Any) -> Tuple[Any, Decision]:
+        ic = self.interceptor
+        pc = ic.begin_nri(method)
+        outcome = ic.on_request(pc, grpcwire.frame_message(request.SerializeToString()))
+        decision = outcome if isinstance(outcome, Decision) else await outcome
+        if decision.status:
+            ic.on_reply(pc, None, decision.status, decision.message, answered_by_proxy=True)
+            return request, decision
+        edited = pc.call.request if pc.call is not None else request
+        ic.on_reply(pc, grpcwire.frame_message(reply.SerializeToString()), 0, "")
+        return edited, decision

@@ -1,0 +1,247 @@
+"""``NriPlugin``: anolisnuma registered with containerd as an NRI plugin, kept registered.
+
+One background loop (a :class:`~anolisnuma.controller.Controller`): connect to
+containerd's NRI socket, register (``Runtime.RegisterPlugin`` with ``[nri] plugin_name``
+and ``plugin_index``), answer ``Configure`` with the events the policies need, answer
+``Synchronize`` and ask the daemon's resync to look at what containerd runs, then serve
+the events (:class:`~anolisnuma.nri.frontend.NriFrontEnd`) until the connection ends;
+then connect again, the delay doubling from 0.5 s up to ``[nri] reconnect_max_seconds``.
+
+What containerd does meanwhile (NRI v0.11.0, vendored by containerd 2.2): a pod or
+container created while no plugin is registered is created as the kubelet asked, without
+us; one whose event we do not answer within ``plugin_request_timeout`` (2 s by default) is
+created without us too, and containerd closes our connection. Both are what the resync
+on our reconnect (``Synchronize``) finds: a managed pod's containers adopted unpinned are
+pinned by the re-pinner, QoS knobs written by the reconciler. An error we return (a hook
+refused under ``failure_policy = "fail"``) fails the kubelet's call, as through the proxy.
+
+Live moves (rules, traffic affinity, re-spread) leave through :meth:`update_container_resources`,
+which the re-pinner calls: NRI's ``UpdateContainers`` while registered (containerd's CRI
+``UpdateContainerResources`` would come back to us as an UpdateContainer event and be read
+as the kubelet's), the CRI call otherwise.
+
+Who can write to this input: containerd, root, on a root-only socket; the wire layer
+(``session.py``) bounds what a faulty peer can make us hold.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any, Callable, Dict, Optional
+
+import structlog
+from google.protobuf.message import DecodeError
+
+from anolisnuma.controller import Controller
+from anolisnuma.nri import translate
+from anolisnuma.nri.session import NriRequestError, NriSession
+from nri_proto import api_pb2 as nri
+
+log = structlog.get_logger("anolisnuma.nri")
+
+_INVALID_ARGUMENT, _UNIMPLEMENTED = 3, 12
+# the events the policies act on (anolisnuma/nri/frontend.py); bit e-1 for event e, as NRI's EventMask
+_EVENTS = (nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
+           nri.START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER)
+EVENT_MASK = sum(1 << (e - 1) for e in _EVENTS)
+REGISTRATION_TIMEOUT = 5.0   # containerd's plugin_registration_timeout default
+UPDATE_TIMEOUT = 5.0
+
+
+class NriPlugin(Controller):
+    """``NriPlugin(config, frontend, on_synchronize=None, fallback=None)``: ``config`` is
+    ``[nri]``; ``on_synchronize()`` is called after each full Synchronize (the daemon wakes
+    its resync); ``fallback`` is the CRI client live moves use while not registered."""
+
+    name = "nri"
+
+    def __init__(self, config: Any, frontend: Any, on_synchronize: Optional[Callable[[], None]] = None,
+                 fallback: Any = None) -> None:
+        super().__init__()
+        self.config = config
+        self.frontend = frontend
+        self.on_synchronize = on_synchronize
+        self.fallback = fallback
+        self._session: Optional[NriSession] = None
+        self._lock = threading.Lock()
+        self._delay = 0.0
+        self.runtime = ""            # "containerd v2.2.7", from Configure
+        self.request_timeout_ms = 0  # containerd's plugin_request_timeout, from Configure
+        self.last_disconnect = ""
+        self.n: Dict[str, int] = {"connects": 0, "registrations": 0, "disconnects": 0, "connect_failures": 0,
+                                  "synchronizes": 0, "events": 0, "events_refused": 0, "events_failed": 0,
+                                  "updates_sent": 0, "updates_failed": 0, "updates_via_cri": 0}
+        self._handlers: Dict[str, Any] = {
+            "Configure": (nri.ConfigureRequest, self._configure),
+            "Synchronize": (nri.SynchronizeRequest, self._synchronize),
+            "Shutdown": (nri.Empty, self._shutdown),
+            "CreateContainer": (nri.CreateContainerRequest, self._create_container),
+            "UpdateContainer": (nri.UpdateContainerRequest, self._update_container),
+            "StopContainer": (nri.StopContainerRequest, self._stop_container),
+            "StateChange": (nri.StateChangeEvent, self._state_change),
+            "UpdatePodSandbox": (nri.UpdatePodSandboxRequest, lambda _r: nri.UpdatePodSandboxResponse()),
+        }
+
+    # ------------------------------------------------------------------ the connection loop
+    @property
+    def connected(self) -> bool:
+        s = self._session
+        return s is not None and not s.closed
+
+    def wait_seconds(self) -> float:
+        return self._delay
+
+    def run_once(self) -> None:
+        """Connect, register, serve until the connection ends."""
+        cfg = self.config
+        try:
+            session = NriSession.connect(cfg.socket, self._handle, timeout=REGISTRATION_TIMEOUT, log=log)
+        except OSError as e:
+            self.n["connect_failures"] += 1
+            self._back_off(f"cannot connect to {cfg.socket}: {e.strerror or e}")
+            return
+        self.n["connects"] += 1
+        with self._lock:
+            if self._stopping:
+                session.close()
+                return
+            self._session = session
+        session.start()
+        try:
+            session.call("RegisterPlugin", nri.RegisterPluginRequest(plugin_name=cfg.plugin_name,
+                                                                     plugin_idx=cfg.plugin_index),
+                         nri.Empty, timeout=REGISTRATION_TIMEOUT)
+        except Exception as e:
+            session.close()
+            self._back_off(f"registration failed: {e}")
+            return
+        self.n["registrations"] += 1
+        self._delay = 0.0
+        log.info("registered with containerd as an NRI plugin", socket=cfg.socket,
+                 plugin=f"{cfg.plugin_index}-{cfg.plugin_name}")
+        session.wait_closed(None)
+        self.n["disconnects"] += 1
+        self.last_disconnect = session.reason
+        if not self._stopping:
+            self._back_off(f"connection ended: {session.reason}")
+
+    def _back_off(self, why: str) -> None:
+        self._delay = min(max(self._delay * 2, 0.5), self.config.reconnect_max_seconds) * random.uniform(0.8, 1.2)
+        self.last_error = why
+        log.warning("NRI: not registered with containerd; retrying", reason=why,
+                    retry_in_seconds=round(self._delay, 2))
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            self._stopping = True
+            session = self._session
+        if session is not None:
+            session.close()
+        super().stop(timeout)
+
+    # ------------------------------------------------------------------ containerd's requests
+    def _handle(self, method: str, payload: bytes) -> bytes:
+        entry = self._handlers.get(method)
+        if entry is None:
+            raise NriRequestError(_UNIMPLEMENTED, f"anolisnuma does not serve {method}")
+        cls, fn = entry
+        try:
+            request = cls.FromString(payload)
+        except DecodeError as e:
+            raise NriRequestError(_INVALID_ARGUMENT, f"not a {cls.DESCRIPTOR.name}: {e}")
+        return fn(request).SerializeToString()
+
+    def _configure(self, req: Any) -> Any:
+        self.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
+        self.request_timeout_ms = req.request_timeout
+        if req.request_timeout > 0:   # our events must be answered within it
+            self.frontend.timeout = max(req.request_timeout / 1000.0 * 0.9, 0.1)
+        log.info("NRI: configured by the runtime", runtime=self.runtime,
+                 request_timeout_ms=req.request_timeout, registration_timeout_ms=req.registration_timeout)
+        return nri.ConfigureResponse(events=EVENT_MASK)
+
+    def _synchronize(self, req: Any) -> Any:
+        # containerd sends its pods and containers in parts when they are many; the resync
+        # lists them itself (through CRI, as after a restart), so the parts are only counted
+        if not req.more:
+            self.n["synchronizes"] += 1
+            log.info("NRI: synchronized with the runtime; resyncing", pods=len(req.pods),
+                     containers=len(req.containers))
+            if self.on_synchronize is not None:
+                self.on_synchronize()
+        return nri.SynchronizeResponse(more=req.more)
+
+    def _shutdown(self, _req: Any) -> Any:
+        log.info("NRI: the runtime is shutting the plugin down")
+        return nri.Empty()
+
+    def _event(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self.n["events"] += 1
+        try:
+            return fn(*args)
+        except NriRequestError:
+            self.n["events_refused"] += 1
+            raise
+        except Exception:
+            self.n["events_failed"] += 1
+            raise
+
+    def _create_container(self, req: Any) -> Any:
+        adjust = self._event(self.frontend.create_container, req.pod, req.container)
+        return nri.CreateContainerResponse(adjust=adjust)
+
+    def _update_container(self, req: Any) -> Any:
+        update = self._event(self.frontend.update_container, req.container, req.linux_resources)
+        return nri.UpdateContainerResponse(update=[update] if update is not None else [])
+
+    def _stop_container(self, req: Any) -> Any:
+        self._event(self.frontend.stop_container, req.container)
+        return nri.StopContainerResponse()
+
+    def _state_change(self, evt: Any) -> Any:
+        fe = self.frontend
+        handler = {
+            nri.RUN_POD_SANDBOX: lambda: fe.run_pod_sandbox(evt.pod),
+            nri.STOP_POD_SANDBOX: lambda: fe.stop_pod_sandbox(evt.pod),
+            nri.REMOVE_POD_SANDBOX: lambda: fe.remove_pod_sandbox(evt.pod),
+            nri.START_CONTAINER: lambda: fe.start_container(evt.container),
+            nri.REMOVE_CONTAINER: lambda: fe.remove_container(evt.container),
+        }.get(evt.event)
+        if handler is not None:
+            self._event(handler)
+        return nri.Empty()
+
+    # ------------------------------------------------------------------ live moves
+    def update_container_resources(self, container_id: str, res: Any) -> None:
+        """The re-pinner's client call: a container's new cpuset (``res`` is CRI
+        ``LinuxContainerResources``; only its cpuset is sent)."""
+        session = self._session
+        if session is None or session.closed:
+            if self.fallback is None:
+                raise RuntimeError("not registered with containerd's NRI")
+            self.n["updates_via_cri"] += 1
+            self.fallback.update_container_resources(container_id, res)
+            return
+        update = translate.cpuset_update(container_id, res.cpuset_cpus, res.cpuset_mems)
+        try:
+            reply = session.call("UpdateContainers", nri.UpdateContainersRequest(update=[update]),
+                                 nri.UpdateContainersResponse, timeout=UPDATE_TIMEOUT)
+        except Exception:
+            self.n["updates_failed"] += 1
+            raise
+        if len(reply.failed):
+            self.n["updates_failed"] += 1
+            raise RuntimeError(f"containerd could not update container {container_id} (NRI UpdateContainers)")
+        self.n["updates_sent"] += 1
+
+    def counts(self) -> Dict[str, int]:
+        return dict(self.n, connected=int(self.connected))
+
+    def describe(self) -> Dict[str, Any]:
+        """For ``anolisnuma-ctl status``."""
+        cfg = self.config
+        return {"socket": cfg.socket, "plugin": f"{cfg.plugin_index}-{cfg.plugin_name}",
+                "connected": self.connected, "runtime": self.runtime or None,
+                "request_timeout_ms": self.request_timeout_ms or None,
+                "last_disconnect": self.last_disconnect or None, **self.n}

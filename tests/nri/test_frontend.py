@@ -1,0 +1,190 @@
+"""The NRI front-end: containerd's NRI messages run through the real interception pipeline
+(store, pod locks, hooks with their budgets and failure policies, journal), and the hooks'
+edits come back as NRI adjustments and updates. No socket here: the events are handed to
+the front-end as the plugin hands them (the wire is tests/nri/test_session*.py's, the real
+containerd tests/e2e/test_nri_e2e.py's)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Iterator, List, Tuple
+
+import pytest
+
+from anolisnuma.config import HookSettings, HooksConfig
+from anolisnuma.nri import translate
+from anolisnuma.nri.frontend import NriFrontEnd
+from anolisnuma.nri.session import NriRequestError
+from anolisnuma.pipeline.hooks import (
+    CREATE_CONTAINER, REMOVE_CONTAINER, RUN_POD_SANDBOX, START_CONTAINER, UPDATE_CONTAINER_RESOURCES, Call, Hook,
+    HookRefused,
+)
+from anolisnuma.pipeline.interceptor import Interceptor
+from anolisnuma.state.store import Store
+from nri_proto import api_pb2 as nri
+
+
+class Pinner(Hook):
+    """Pins every container of a pod labelled ``pin`` to CPU 1 (the NUMA hook's kind of edit)
+    and records what it saw; refuses pods labelled ``refuse``."""
+
+    name = "numa"
+    methods = frozenset({RUN_POD_SANDBOX, CREATE_CONTAINER, START_CONTAINER, UPDATE_CONTAINER_RESOURCES,
+                         REMOVE_CONTAINER})
+
+    def __init__(self) -> None:
+        self.seen: List[Tuple[str, str, Any]] = []
+
+    def pre(self, call: Call) -> None:
+        pod = call.pod
+        self.seen.append(("pre", call.method, pod.name if pod is not None else None))
+        if pod is not None and pod.labels.get("refuse"):
+            raise HookRefused("no room on any node", "RESOURCE_EXHAUSTED")
+        if pod is None or not pod.labels.get("pin"):
+            return
+        if call.method == CREATE_CONTAINER:
+            call.request.config.linux.resources.cpuset_cpus = "1"
+            call.request.config.linux.resources.cpuset_mems = "0"
+            call.mark_modified()
+        elif call.method == UPDATE_CONTAINER_RESOURCES:
+            call.request.linux.cpuset_cpus = "1"
+            call.mark_modified()
+
+    def post(self, call: Call) -> None:
+        self.seen.append(("post", call.method, call.pod.name if call.pod is not None else None))
+
+
+@pytest.fixture
+def running() -> Iterator[Tuple[NriFrontEnd, Interceptor, Pinner]]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    hook = Pinner()
+    config = HooksConfig(per_hook={"numa": HookSettings(budget_seconds=1.0, failure_policy="fail")})
+    ic = Interceptor([hook], config, Store())
+    try:
+        yield NriFrontEnd(ic, loop, timeout=5.0), ic, hook
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        ic.executor.shutdown(wait=False)
+
+
+def pod(name: str = "web", **labels: str) -> Any:
+    p = nri.PodSandbox(id=f"sb-{name}", name=name, uid=f"uid-{name}", namespace="ns", labels=labels)
+    p.linux.cgroup_parent = f"/kubepods/burstable/poduid-{name}"
+    return p
+
+
+def container(p: Any, name: str = "main", cpus: str = "0-1") -> Any:
+    c = nri.Container(id=f"c-{p.name}-{name}", pod_sandbox_id=p.id, name=name)
+    c.linux.resources.cpu.cpus = cpus
+    c.linux.resources.cpu.shares.value = 512
+    return c
+
+
+def test_create_container_edit_becomes_the_adjustment(running):
+    fe, ic, hook = running
+    p = pod(pin="yes")
+    fe.run_pod_sandbox(p)
+    assert ic.store.pod(p.id).uid == p.uid   # recorded under its sandbox id, as the relay does
+    adjust = fe.create_container(p, container(p))
+    assert adjust.linux.resources.cpu.cpus == "1" and adjust.linux.resources.cpu.mems == "0"
+    rec = ic.store.container("c-web-main")
+    assert rec is not None and rec.sandbox_id == p.id and rec.resources.cpuset_cpus == "1"
+    assert ("pre", CREATE_CONTAINER, "web") in hook.seen
+    calls = [c["method"] for c in ic.journal.calls(p.uid)]
+    assert calls[:2] == [RUN_POD_SANDBOX, CREATE_CONTAINER]
+
+
+def test_no_edit_no_adjustment(running):
+    fe, ic, hook = running
+    p = pod()
+    fe.run_pod_sandbox(p)
+    adjust = fe.create_container(p, container(p))
+    assert adjust == nri.ContainerAdjustment()   # nothing for containerd to change
+
+
+def test_update_container_edit_becomes_a_container_update(running):
+    fe, ic, _ = running
+    p = pod(pin="yes")
+    fe.run_pod_sandbox(p)
+    c = container(p)
+    fe.create_container(p, c)
+    asked = nri.LinuxResources()
+    asked.cpu.cpus = "0-1"
+    update = fe.update_container(c, asked)
+    assert update is not None and update.container_id == c.id and update.linux.resources.cpu.cpus == "1"
+    q = pod("other")
+    fe.run_pod_sandbox(q)
+    d = container(q)
+    fe.create_container(q, d)
+    assert fe.update_container(d, asked) is None
+
+
+def test_refusal_under_fail_policy_is_an_error_with_the_call_code(running):
+    fe, ic, _ = running
+    p = pod("full", refuse="yes")
+    with pytest.raises(NriRequestError) as e:
+        fe.run_pod_sandbox(p)
+    assert e.value.code == 8 and "no room" in str(e.value)   # RESOURCE_EXHAUSTED
+    assert ic.store.pod(p.id) is None
+
+
+def test_opted_out_pod_sees_no_hook(running):
+    fe, ic, hook = running
+    p = pod("quiet", pin="yes")
+    p.annotations["anolisnuma.io/skip"] = "true"
+    fe.run_pod_sandbox(p)
+    assert fe.create_container(p, container(p)) == nri.ContainerAdjustment()
+    assert not [s for s in hook.seen if s[2] == "quiet"]
+
+
+def test_remove_container_forgets_it(running):
+    fe, ic, _ = running
+    p = pod()
+    fe.run_pod_sandbox(p)
+    c = container(p)
+    fe.create_container(p, c)
+    fe.start_container(c)
+    fe.stop_container(c)
+    fe.remove_container(c)
+    assert ic.store.container(c.id) is None
+
+
+def test_hooks_slower_than_containerds_timeout_answer_deadline_exceeded(running):
+    fe, ic, hook = running
+    gate = threading.Event()
+    slow = Pinner()
+    slow.pre = lambda call: gate.wait(10)  # type: ignore[method-assign]
+    ic.set_hooks([slow])
+    fe.timeout = 0.2
+    try:
+        with pytest.raises(NriRequestError) as e:
+            fe.run_pod_sandbox(pod("slow"))
+        assert e.value.code == 4   # DEADLINE_EXCEEDED
+    finally:
+        gate.set()
+
+
+def test_translate_keeps_what_the_hooks_read():
+    p = pod("x", app="a")
+    p.annotations["anolisbox.sh/qoslevel"] = "BE"
+    p.linux.pod_resources.cpu.quota.value = 50000
+    p.linux.pod_resources.cpu.period.value = 100000
+    p.linux.pod_resources.memory.limit.value = 1 << 30
+    c = container(p)
+    req, reply = translate.create_container(p, c)
+    assert reply.container_id == c.id and req.pod_sandbox_id == p.id
+    sc = req.sandbox_config
+    assert (sc.metadata.name, sc.metadata.uid, sc.metadata.namespace) == ("x", "uid-x", "ns")
+    assert dict(sc.labels) == {"app": "a"} and sc.annotations["anolisbox.sh/qoslevel"] == "BE"
+    assert sc.linux.cgroup_parent == "/kubepods/burstable/poduid-x"
+    r = sc.linux.resources
+    assert (r.cpu_quota, r.cpu_period, r.memory_limit_in_bytes) == (50000, 100000, 1 << 30)
+    cr = req.config.linux.resources
+    assert (cr.cpu_shares, cr.cpu_quota, cr.cpuset_cpus) == (512, 0, "0-1")   # unset optionals are 0
+    empty = nri.Container(id="bare", pod_sandbox_id="sb")
+    req2, _ = translate.create_container(nri.PodSandbox(id="sb"), empty)
+    assert req2.config.linux.resources.cpuset_cpus == "" and not req2.sandbox_config.linux.HasField("resources")

@@ -1,0 +1,243 @@
+"""The NRI plugin over a fake runtime that speaks and reads as containerd does
+(anolisnuma/testing/nri_runtime.py): registration, Configure, a split Synchronize, the
+events handed to the front-end, errors answered as containerd expects, live moves through
+UpdateContainers (through CRI while not registered), reconnects; and a hostile runtime.
+The front-end here is a recorder: the real one is tests/nri/test_frontend.py's and, on the
+real containerd, tests/e2e/test_nri_e2e.py's."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Iterator, List, Tuple
+
+import pytest
+
+from anolisnuma.nri.config import NriConfig
+from anolisnuma.nri.plugin import EVENT_MASK, NriPlugin
+from anolisnuma.nri.session import NriRequestError
+from anolisnuma.testing.nri_runtime import FakeNriRuntime
+from anolisnuma.testing.waiting import wait_until
+from cri_proto import api_pb2 as cri
+from nri_proto import api_pb2 as nri
+
+
+class Recorder:
+    """What the plugin handed on; ``fail`` makes the next event raise it."""
+
+    def __init__(self) -> None:
+        self.timeout = 2.0
+        self.calls: List[Tuple[str, Any]] = []
+        self.fail: Any = None
+
+    def _note(self, name: str, *args: Any) -> None:
+        self.calls.append((name, args))
+        if self.fail is not None:
+            raise self.fail
+
+    def run_pod_sandbox(self, pod: Any) -> None:
+        self._note("run_pod_sandbox", pod.id)
+
+    def create_container(self, pod: Any, ctr: Any) -> Any:
+        self._note("create_container", pod.id, ctr.id)
+        adjust = nri.ContainerAdjustment()
+        adjust.linux.resources.cpu.cpus = "1"
+        return adjust
+
+    def start_container(self, ctr: Any) -> None:
+        self._note("start_container", ctr.id)
+
+    def update_container(self, ctr: Any, res: Any) -> Any:
+        self._note("update_container", ctr.id, res.cpu.cpus)
+        return None
+
+    def stop_container(self, ctr: Any) -> None:
+        self._note("stop_container", ctr.id)
+
+    def remove_container(self, ctr: Any) -> None:
+        self._note("remove_container", ctr.id)
+
+    def stop_pod_sandbox(self, pod: Any) -> None:
+        self._note("stop_pod_sandbox", pod.id)
+
+    def remove_pod_sandbox(self, pod: Any) -> None:
+        self._note("remove_pod_sandbox", pod.id)
+
+
+class CriClient:
+    def __init__(self) -> None:
+        self.updates: List[Tuple[str, str]] = []
+
+    def update_container_resources(self, cid: str, res: Any) -> None:
+        self.updates.append((cid, res.cpuset_cpus))
+
+
+class Garbage:
+    """Stands for a request whose bytes are not the message the method takes."""
+
+    def SerializeToString(self) -> bytes:
+        return b"\x0a\xff\xff\xff\xff\x0f"
+
+
+@pytest.fixture
+def setup(tmp_path) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, Recorder, List[int], CriClient]]:
+    path = str(tmp_path / "nri.sock")
+    runtime = FakeNriRuntime(path).start()
+    synced: List[int] = []
+    fe, cri_client = Recorder(), CriClient()
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), fe,
+                       on_synchronize=lambda: synced.append(1), fallback=cri_client)
+    plugin.start()
+    plugin.wake()
+    try:
+        assert runtime.registered.wait(10)
+        yield runtime, plugin, fe, synced, cri_client
+    finally:
+        plugin.stop()
+        runtime.close()
+    assert runtime.violations == []   # nothing sent that containerd's reader would fail on
+
+
+def configure(runtime: FakeNriRuntime) -> Any:
+    return runtime.call_plugin("Configure", nri.ConfigureRequest(runtime_name="containerd", runtime_version="v2.2.7",
+                                                                  registration_timeout=5000, request_timeout=2000),
+                               nri.ConfigureResponse)
+
+
+def test_registers_subscribes_and_takes_the_runtimes_timeout(setup):
+    runtime, plugin, fe, _, _ = setup
+    method, req = runtime.requests[0]
+    assert method == "RegisterPlugin" and (req.plugin_name, req.plugin_idx) == ("anolisnuma", "50")
+    reply = configure(runtime)
+    assert reply.events == EVENT_MASK
+    subscribed = {e for e in range(1, nri.LAST) if reply.events & (1 << (e - 1))}
+    assert subscribed == {nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
+                          nri.START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER}
+    assert fe.timeout == pytest.approx(1.8)   # within containerd's 2 s, with room to answer
+    assert plugin.runtime == "containerd v2.2.7" and plugin.counts()["connected"] == 1
+
+
+def test_split_synchronize_echoes_more_and_resyncs_once(setup):
+    runtime, plugin, _, synced, _ = setup
+    configure(runtime)
+    part = nri.SynchronizeRequest(pods=[nri.PodSandbox(id="p1")], more=True)
+    assert runtime.call_plugin("Synchronize", part, nri.SynchronizeResponse) == nri.SynchronizeResponse(more=True)
+    assert synced == []
+    last = nri.SynchronizeRequest(containers=[nri.Container(id="c1")])
+    reply = runtime.call_plugin("Synchronize", last, nri.SynchronizeResponse)
+    assert not reply.more and not len(reply.update)
+    assert synced == [1] and plugin.n["synchronizes"] == 1
+
+
+def test_events_reach_the_front_end_and_the_adjustment_comes_back(setup):
+    runtime, plugin, fe, _, _ = setup
+    pod = nri.PodSandbox(id="sb1", uid="u1", name="web", namespace="ns")
+    ctr = nri.Container(id="c1", pod_sandbox_id="sb1", name="main")
+    runtime.call_plugin("StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod), nri.Empty)
+    reply = runtime.call_plugin("CreateContainer", nri.CreateContainerRequest(pod=pod, container=ctr),
+                                nri.CreateContainerResponse)
+    assert reply.adjust.linux.resources.cpu.cpus == "1"
+    for event in (nri.POST_CREATE_CONTAINER, nri.START_CONTAINER, nri.POST_START_CONTAINER):
+        runtime.call_plugin("StateChange", nri.StateChangeEvent(event=event, pod=pod, container=ctr), nri.Empty)
+    res = nri.LinuxResources()
+    res.cpu.cpus = "0-1"
+    runtime.call_plugin("UpdateContainer", nri.UpdateContainerRequest(pod=pod, container=ctr, linux_resources=res),
+                        nri.UpdateContainerResponse)
+    runtime.call_plugin("StopContainer", nri.StopContainerRequest(pod=pod, container=ctr), nri.StopContainerResponse)
+    for event in (nri.REMOVE_CONTAINER, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX):
+        runtime.call_plugin("StateChange", nri.StateChangeEvent(event=event, pod=pod, container=ctr), nri.Empty)
+    assert [c[0] for c in fe.calls] == ["run_pod_sandbox", "create_container", "start_container", "update_container",
+                                        "stop_container", "remove_container", "stop_pod_sandbox",
+                                        "remove_pod_sandbox"]   # the Post* events are not ours
+    assert fe.calls[3][1] == ("c1", "0-1")
+    assert plugin.n["events"] == 8
+
+
+def test_a_refusal_is_the_calls_status_and_a_bug_is_internal(setup):
+    runtime, plugin, fe, _, _ = setup
+    pod = nri.PodSandbox(id="sb1")
+    fe.fail = NriRequestError(8, "anolisnuma hook numa: no room")
+    with pytest.raises(NriRequestError) as e:
+        runtime.call_plugin("CreateContainer", nri.CreateContainerRequest(pod=pod, container=nri.Container(id="c")),
+                            nri.CreateContainerResponse)
+    assert e.value.code == 8 and "no room" in str(e.value)
+    fe.fail = KeyError("secret internals")
+    with pytest.raises(NriRequestError) as e:
+        runtime.call_plugin("StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod), nri.Empty)
+    assert e.value.code == 13 and "secret" not in str(e.value)
+    assert (plugin.n["events_refused"], plugin.n["events_failed"]) == (1, 1)
+    assert plugin.connected   # the session goes on
+
+
+def test_malformed_requests_are_refused_and_change_nothing(setup):
+    runtime, plugin, fe, _, _ = setup
+    for method in ("CreateContainer", "StateChange", "Configure", "Synchronize"):
+        with pytest.raises(NriRequestError) as e:
+            runtime.call_plugin(method, Garbage(), nri.Empty)   # type: ignore[arg-type]
+        assert e.value.code == 3, method   # INVALID_ARGUMENT
+    with pytest.raises(NriRequestError) as e:
+        runtime.call_plugin("ValidateContainerAdjustment", nri.ValidateContainerAdjustmentRequest(),
+                            nri.ValidateContainerAdjustmentResponse)
+    assert e.value.code == 12   # not a validator: UNIMPLEMENTED
+    assert fe.calls == [] and plugin.connected
+
+
+def test_live_moves_go_through_update_containers_and_through_cri_when_not_registered(setup):
+    runtime, plugin, _, _, cri_client = setup
+    plugin.update_container_resources("c1", cri.LinuxContainerResources(cpuset_cpus="1", cpuset_mems="0"))
+    method, req = runtime.requests[-1]
+    assert method == "UpdateContainers"
+    (update,) = req.update
+    assert (update.container_id, update.linux.resources.cpu.cpus, update.linux.resources.cpu.mems) == ("c1", "1", "0")
+    assert not update.linux.resources.HasField("memory")   # only the cpuset: the rest stays as it is
+    runtime.update_error = (5, "no such container")
+    with pytest.raises(NriRequestError):
+        plugin.update_container_resources("gone", cri.LinuxContainerResources(cpuset_cpus="1"))
+    assert plugin.n["updates_failed"] == 1 and cri_client.updates == []
+    runtime.close()
+    wait_until(lambda: not plugin.connected, "the plugin saw the runtime go")
+    plugin.update_container_resources("c2", cri.LinuxContainerResources(cpuset_cpus="0"))
+    assert cri_client.updates == [("c2", "0")] and plugin.n["updates_via_cri"] == 1
+
+
+def test_reconnects_with_backoff_when_the_runtime_comes_back(setup, tmp_path):
+    runtime, plugin, _, _, _ = setup
+    runtime.close()
+    wait_until(lambda: plugin.n["disconnects"] == 1, "the disconnect seen")
+    wait_until(lambda: plugin.n["connect_failures"] >= 2, "a few attempts while nothing listens")
+    again = FakeNriRuntime(runtime.path).start()
+    try:
+        assert again.registered.wait(10)
+        wait_until(lambda: plugin.n["registrations"] == 2 and plugin.connected, "registered again")
+        assert configure(again).events == EVENT_MASK
+    finally:
+        again.close()
+
+
+def test_a_runtime_that_never_answers_registration_is_left_and_retried(tmp_path, monkeypatch):
+    path = str(tmp_path / "nri.sock")
+    runtime = FakeNriRuntime(path)
+    runtime.answer_calls = False
+    runtime.start()
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    monkeypatch.setattr("anolisnuma.nri.plugin.REGISTRATION_TIMEOUT", 0.3)
+    try:
+        plugin.start()
+        plugin.wake()
+        wait_until(lambda: "registration failed" in plugin.last_error, "registration given up")
+        assert not plugin.connected and plugin.n["registrations"] == 0
+    finally:
+        plugin.stop()
+        runtime.close()
+
+
+def test_stop_is_prompt_while_nothing_listens(tmp_path):
+    plugin = NriPlugin(NriConfig(enabled=True, socket=str(tmp_path / "absent.sock"), reconnect_max_seconds=300),
+                       Recorder())
+    plugin.start()
+    plugin.wake()
+    wait_until(lambda: plugin.n["connect_failures"] >= 1, "a failed connect")
+    done = threading.Event()
+    threading.Thread(target=lambda: (plugin.stop(), done.set()), daemon=True).start()
+    assert done.wait(10)   # not the backoff's up-to-300 s
+    assert not os.path.exists(tmp_path / "absent.sock")
