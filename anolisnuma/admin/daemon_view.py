@@ -59,6 +59,9 @@ class DaemonView(Protocol):
     @property
     def cluster(self) -> Optional["ClusterLink"]: ...   # the API server link, when [kubernetes] is on
 
+    @property
+    def nri(self) -> Any: ...   # the NRI plugin (anolisnuma.nri.plugin.NriPlugin) in NRI mode, once started
+
     # The daemon's worker pools, and its admin surface, whose pools are counted with them.
     @property
     def executor(self) -> "WorkerPool": ...

@@ -54,6 +54,19 @@ def cluster(daemon: "DaemonView") -> Optional[Dict[str, Any]]:
     return link.status() if link is not None else None
 
 
+def front_end(daemon: "DaemonView") -> Dict[str, Any]:
+    """Where the policies take their pods from: the kubelet's calls through the relay, or
+    containerd's NRI events (the relay then passes every call unchanged)."""
+    cfg = daemon.config.nri
+    if cfg is None or not cfg.enabled:
+        return {"mode": "proxy"}
+    plugin = daemon.nri
+    if plugin is None:   # registered once the policies are up
+        return {"mode": "nri", "socket": cfg.socket, "plugin": f"{cfg.plugin_index}-{cfg.plugin_name}",
+                "connected": False}
+    return {"mode": "nri", **plugin.describe()}
+
+
 # ---------------------------------------------------------------- status
 
 def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]) -> Dict[str, Any]:
@@ -103,6 +116,7 @@ def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]
         "controllers": daemon.controllers.status(),
         "journal_pods": len(daemon.interceptor.journal),
         "cluster": cluster(daemon),
+        "front_end": front_end(daemon),
         "threads": census(_pools(daemon)),
         "structures": structures(daemon),
         **surfaces,
@@ -134,8 +148,9 @@ def health(result: Dict[str, Any]) -> Dict[str, Any]:
     """``state`` (``starting``, ``ready`` or ``degraded``) and ``degraded_because`` (one line
     per reason) for a :func:`status` result that carries containerd's answer: degraded
     while containerd does not answer, while the resync with it fails, while a configured
-    hook is not running; ``warnings`` for what is worth a look but does not degrade
-    (pods whose cgroup is not in the kubelet layout)."""
+    hook is not running, while NRI mode is not registered with containerd; ``warnings``
+    for what is worth a look but does not degrade (pods whose cgroup is not in the kubelet
+    layout)."""
     reasons: List[str] = []
     c = result.get("containerd") or {}
     if not c.get("reachable", True):
@@ -149,6 +164,10 @@ def health(result: Dict[str, Any]) -> Dict[str, Any]:
     for name in result.get("hooks_configured") or []:
         if result.get("ready") and name not in running:
             reasons.append(f"hook {name} is configured but not running (see the log)")
+    fe = result.get("front_end") or {}
+    if fe.get("mode") == "nri" and result.get("resynced") and not fe.get("connected"):
+        reasons.append(f"not registered with containerd's NRI at {fe.get('socket')}: pods are created without the "
+                       f"policies until it is (the resync on registering adopts them)")
     warnings: List[str] = []
     layout = (result.get("knobs") or {}).get("kubelet_cgroups") or {}
     if layout.get("unknown_cgroup_parents"):   # (a pod outside kubepods may be meant to be)

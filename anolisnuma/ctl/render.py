@@ -76,6 +76,7 @@ def status(r: Dict[str, Any]) -> str:
         ("config", r.get("config")),
         ("listen", r.get("listen")),
         ("containerd", containerd),
+        ("policies from", _front_end(r.get("front_end"))),
         ("admin socket", r.get("admin_socket")),
         ("metrics", _metrics(r)),
         ("relay", f"{_plural(relay.get('connections', 0), 'connection')} (cap {relay.get('max_connections', '?')}, "
@@ -194,6 +195,19 @@ def _layout(layout: Any) -> str:
         return "-"
     dirs = ", ".join(f"{d} {rel}" for d, rel in sorted((layout.get("kubepods") or {}).items()))
     return f"root {layout.get('root')} ({dirs}; from {layout.get('origin')})"
+
+
+def _front_end(f: Any) -> str:
+    """One line: the kubelet's calls through this socket, or containerd's NRI events."""
+    if not f or f.get("mode") != "nri":
+        return "the kubelet's CRI calls through the listen socket (proxy mode)"
+    where = f"NRI plugin {f.get('plugin')} on {f.get('socket')}"
+    if not f.get("connected"):
+        why = f"; last disconnect: {f['last_disconnect']}" if f.get("last_disconnect") else ""
+        return f"{where}: NOT REGISTERED (pods are created without the policies until it is){why}"
+    return (f"{where}: registered with {f.get('runtime') or 'the runtime'} (request timeout "
+            f"{f.get('request_timeout_ms') or '?'} ms), {f.get('events', 0)} events, {f.get('updates_sent', 0)} live "
+            f"updates; the listen socket relays every call unchanged")
 
 
 def _cluster(c: Any) -> str:

@@ -31,6 +31,7 @@ from test_numa_e2e import (
     real_cpuset, real_cpus, res,
 )
 
+from anolisnuma.admin import views
 from anolisnuma.config import Config
 from anolisnuma.daemon import build_hooks
 from anolisnuma.hooks.numa import NumaHook
@@ -95,6 +96,9 @@ def test_nri_balance_places_pods_created_on_containerd(containerd, direct, tmp_p
         plugin = proxy.daemon.nri
         assert plugin.n["events_failed"] == 0 and plugin.n["events_refused"] == 0
         assert plugin.n["events"] > 0
+        fe = views.front_end(proxy.daemon)   # what `anolisnuma-ctl status` shows
+        assert (fe["mode"], fe["connected"], fe["runtime"], fe["request_timeout_ms"]) == (
+            "nri", True, "containerd v2.2.7", 2000)
 
         # The CRI socket still answers, but relays unchanged: a pod created through it is
         # placed once, by the NRI event, not a second time by the relay.
