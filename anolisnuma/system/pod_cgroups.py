@@ -335,7 +335,7 @@ def resolve_layout(cgroups_config: object = None, log: object = None,
                     origins.append(setting.origin)
                 except InvalidCgroupPath as e:
                     _warn(log, "kubelet cgroup root not usable; assuming /", error=str(e),
-                          origin=setting.origin, fix=f"set [cgroups] kubelet_cgroup_root")
+                          origin=setting.origin, fix="set [cgroups] kubelet_cgroup_root")
         else:
             origins.append(CONFIG_KEY_ROOT)
         if driver == "auto":

@@ -33,7 +33,7 @@ import errno
 import os
 import socket
 import struct
-from typing import List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from pyroute2.netlink import (
     NETLINK_SOCK_DIAG,
