@@ -323,11 +323,14 @@ def sweep_stale(root: str = CGROUP_ROOT, tmp: str = tempfile.gettempdir()) -> Li
 
 
 def _bench_alive(pid: int) -> bool:
+    """Whether ``pid`` is a run of this script (not a process that got its pid since, nor
+    e.g. a test runner whose arguments name a file like it)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"bench_interference" in f.read()
+            argv = f.read().split(b"\0")
     except OSError:
         return False
+    return any(os.path.basename(a) == b"bench_interference.py" for a in argv)
 
 
 # --------------------------------------------------------------------------- the kubelet's layout

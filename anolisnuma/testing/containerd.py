@@ -746,6 +746,21 @@ class PrivateContainerd:
                 self._save_state()
         return make_pod_cgroup(parent, self.cgroup_root)
 
+    def kill_lost_tasks(self, known: Set[str]) -> List[str]:
+        """Containers runc still has that containerd no longer knows (ids not in ``known``,
+        what the CRI lists now), killed and deleted; their ids. containerd 2.x makes one when
+        a StartContainer it runs is cancelled (its client's connection closed, e.g. a kill -9
+        of the proxy) after ``runc create``: its ``runc init`` waits in the pod's cgroup,
+        which no CRI call reaches and which keeps the pod cgroup from being removed."""
+        root = os.path.join(self.runc_root, CRI_NAMESPACE)
+        runc = [self.runc_bin, "--root", root]
+        listed = subprocess.run(runc + ["list", "-q"], capture_output=True, text=True, timeout=20).stdout.split()
+        lost = [cid for cid in listed if cid not in known]
+        for cid in lost:
+            for args in (["kill", "--all", cid, "KILL"], ["delete", "--force", cid]):
+                subprocess.run(runc + args, capture_output=True, timeout=20)
+        return lost
+
     def remove_pod_cgroup(self, parent: str) -> List[str]:
         """rmdir the pod cgroup in every hierarchy; returns the dirs still in use."""
         left = remove_pod_cgroup(parent, self.cgroup_root)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import uuid
@@ -128,14 +127,7 @@ class RestartLab:
         create``: its ``runc init`` waits in the pod's cgroup, and no CRI call can reach it."""
         known = {c.id for c in rt.ListContainers(pb.ListContainersRequest(), timeout=30).containers}
         known |= {p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items}
-        root = os.path.join(self.containerd.runc_root, "k8s.io")
-        runc = [self.containerd.runc_bin, "--root", root]
-        listed = subprocess.run(runc + ["list", "-q"], capture_output=True, text=True, timeout=20).stdout.split()
-        lost = [cid for cid in listed if cid not in known]
-        for cid in lost:
-            for args in (["kill", "--all", cid, "KILL"], ["delete", "--force", cid]):
-                subprocess.run(runc + args, capture_output=True, timeout=20)
-        return lost
+        return self.containerd.kill_lost_tasks(known)
 
     @staticmethod
     def _remove_orphans(rt: Any, pb: Any) -> List[str]:

@@ -152,6 +152,11 @@ def cleanup_our_pods(containerd: Any, parents: Set[str]) -> List[str]:
                                     namespace=s.metadata.namespace, cgroup_parent=parent,
                                     network="node", config=None))
         janitor._cgroups = sorted(parents)  # (the pod cgroups made by any of our clients)
+        # containerd 2.x loses the task of a StartContainer a kill -9 of the proxy cut after
+        # `runc create`; its `runc init` would keep the pod cgroup (the kubelet kills what is
+        # left in a pod cgroup too)
+        known = {c.id for c in janitor.list_containers()} | {s.id for s in janitor.list_pods()}
+        containerd.kill_lost_tasks(known)
         errors = janitor.cleanup()
         left = [s.id for s in janitor.list_pods() if s.metadata.namespace in OUR_NAMESPACES]
         if left:

@@ -90,14 +90,24 @@ def test_a_killed_runs_leftovers_are_swept_and_nothing_else(tmp_path):
     for c in ("cpu", "memory"):
         (root / c / mine / "kubepods" / "besteffort").mkdir(parents=True)
         (root / c / "someone-elses").mkdir(parents=True)
-    (root / "cpu" / f"{bench.NAME_PREFIX}{os.getpid()}").mkdir()   # not dead: kept
-    (tmp / mine).mkdir(parents=True)
-    (tmp / mine / "samples").write_bytes(b"x")
+    # a run still going (its command line names the script), and a pid now reused by a
+    # process that is not the benchmark (this test's own: its run was killed long ago)
+    running = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "bench_interference.py"],
+                               stdin=subprocess.PIPE)
+    try:
+        (root / "cpu" / f"{bench.NAME_PREFIX}{running.pid}").mkdir()
+        reused = root / "cpu" / f"{bench.NAME_PREFIX}{os.getpid()}"
+        reused.mkdir()
+        (tmp / mine).mkdir(parents=True)
+        (tmp / mine / "samples").write_bytes(b"x")
 
-    removed = bench.sweep_stale(str(root), str(tmp))
+        removed = bench.sweep_stale(str(root), str(tmp))
+    finally:
+        running.communicate(b"", timeout=30)
 
-    assert sorted(removed) == sorted([str(root / "cpu" / mine), str(root / "memory" / mine), str(tmp / mine)])
-    assert sorted(os.listdir(root / "cpu")) == sorted(["someone-elses", f"{bench.NAME_PREFIX}{os.getpid()}"])
+    assert sorted(removed) == sorted([str(root / "cpu" / mine), str(root / "memory" / mine), str(reused),
+                                      str(tmp / mine)])
+    assert sorted(os.listdir(root / "cpu")) == sorted(["someone-elses", f"{bench.NAME_PREFIX}{running.pid}"])
     assert os.listdir(tmp) == []
 
 
