@@ -35,12 +35,16 @@ import asyncio
 import concurrent.futures
 from typing import Any, Optional, Tuple
 
+import structlog
+
 from anolisnuma.cri import grpcwire
 from anolisnuma.nri import translate
 from anolisnuma.nri.session import NriRequestError
 from anolisnuma.pipeline import hooks as H
 from anolisnuma.pipeline.decision import Decision
 from cri_proto import api_pb2 as cri
+
+log = structlog.get_logger("anolisnuma.nri")
 
 # gRPC code for a call the pipeline did not finish within the time containerd gives us
 _DEADLINE_EXCEEDED = 4
@@ -54,6 +58,21 @@ class NriFrontEnd:
         self.interceptor = interceptor
         self.loop = loop
         self.timeout = timeout
+
+    def fit_to(self, request_timeout: float) -> None:
+        """Take containerd's ``plugin_request_timeout``: we answer within 90 % of it, and
+        each hook's budget on an NRI event is cut so that all the hooks of one event fit in
+        80 % of it. The pipeline then times a slow hook out itself (its failure policy
+        decides, as through the proxy) before containerd gives up on us: what we answer is
+        what the pipeline decided, and what the hooks recorded agrees with it."""
+        self.timeout = max(request_timeout * 0.9, 0.1)
+        hooks = max(len(self.interceptor.hooks), 1)
+        self.interceptor.nri_hook_budget = max(request_timeout * 0.8 / hooks, 0.05)
+        over = {h.name: self.interceptor.config.settings(h.name).budget_seconds for h in self.interceptor.hooks
+                if self.interceptor.config.settings(h.name).budget_seconds > self.interceptor.nri_hook_budget}
+        if over:
+            log.info("NRI: hook budgets cut to fit containerd's request timeout", request_timeout_seconds=request_timeout,
+                     budget_seconds=round(self.interceptor.nri_hook_budget, 3), configured=over)
 
     # ------------------------------------------------------------------ events
     def run_pod_sandbox(self, pod: Any) -> None:
@@ -96,8 +115,12 @@ class NriFrontEnd:
         try:
             edited, decision = fut.result(self.timeout)
         except concurrent.futures.TimeoutError:   # (TimeoutError itself from 3.11 only)
-            # containerd has given up on us by now (and closes the connection); the hooks
-            # finish on their own, within their budgets
+            # Not the hooks (their budgets fit, fit_to): the call waited for its pod's lock
+            # behind another, or the loop is starved. containerd is about to give up on us
+            # and close the connection; the call finishes on its own.
+            self.interceptor.counters.add("nri_events_past_deadline")
+            log.warning("NRI: an event took longer than containerd waits", method=method,
+                        timeout_seconds=self.timeout)
             raise NriRequestError(_DEADLINE_EXCEEDED, f"anolisnuma: {method} took more than {self.timeout:g}s")
         if decision.status:
             raise NriRequestError(decision.status, decision.message)

@@ -156,7 +156,7 @@ class NriPlugin(Controller):
         self.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
         self.request_timeout_ms = req.request_timeout
         if req.request_timeout > 0:   # our events must be answered within it
-            self.frontend.timeout = max(req.request_timeout / 1000.0 * 0.9, 0.1)
+            self.frontend.fit_to(req.request_timeout / 1000.0)
         log.info("NRI: configured by the runtime", runtime=self.runtime,
                  request_timeout_ms=req.request_timeout, registration_timeout_ms=req.registration_timeout)
         return nri.ConfigureResponse(events=EVENT_MASK)
@@ -234,6 +234,12 @@ class NriPlugin(Controller):
             self.n["updates_failed"] += 1
             raise RuntimeError(f"containerd could not update container {container_id} (NRI UpdateContainers)")
         self.n["updates_sent"] += 1
+
+    def close(self) -> None:
+        """The re-pinner closes its client at shutdown: here, the CRI client live moves fall
+        back to (the NRI connection itself ends with :meth:`stop`)."""
+        if self.fallback is not None:
+            self.fallback.close()
 
     def counts(self) -> Dict[str, int]:
         return dict(self.n, connected=int(self.connected))

@@ -106,6 +106,10 @@ class Interceptor:
         # False in NRI mode: the relay then passes every call unchanged and the policies act
         # on containerd's NRI events only (anolisnuma/nri), never twice on one pod.
         self.relay_hooks = True
+        # NRI mode: the most a hook may take on an NRI event, so that every hook of the event
+        # fits in containerd's plugin_request_timeout (set by the NRI plugin at Configure;
+        # 0: each hook's own budget)
+        self.nri_hook_budget = 0.0
         self.hooks: List[H.Hook] = []
         self._pre: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
         self._post: Dict[str, List[H.Hook]] = {m: [] for m in methods.INTERCEPTED}
@@ -352,6 +356,8 @@ class Interceptor:
         instead of taking more worker threads from everyone else.
         """
         budget = self.config.settings(hook.name).budget_seconds
+        if pc.via_nri and self.nri_hook_budget > 0:
+            budget = min(budget, self.nri_hook_budget)
         started = time.perf_counter()
         if self._overrunning.get(hook.name, 0) >= MAX_OVERRUNNING:
             error: Optional[BaseException] = TimeoutError(

@@ -213,6 +213,10 @@ class FakeNriRuntime:
                             self._on_response(item)
                         else:
                             self._on_request(item)
+        except ConnectionResetError:
+            # the plugin closed with our requests unread in its socket (the kernel then resets
+            # the connection): an end, not something containerd could not read
+            self.peer_closed.set()
         except (OSError, fr.FrameError) as e:
             self.violations.append(f"{type(e).__name__}: {e}")
         finally:

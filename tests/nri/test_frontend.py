@@ -168,6 +168,42 @@ def test_hooks_slower_than_containerds_timeout_answer_deadline_exceeded(running)
         gate.set()
 
 
+@pytest.mark.parametrize("policy", ["ignore", "fail"])
+def test_a_slow_hook_is_timed_out_by_the_pipeline_within_containerds_timeout(running, policy):
+    """containerd's 2 s is the whole event's; the hooks' budgets are cut to fit it, so the
+    pipeline's own decision is what containerd gets: under ignore the event is answered
+    unchanged (the hook's half-made edit discarded), under fail it is refused."""
+    fe, ic, _ = running
+    gate = threading.Event()
+    slow = Pinner()
+
+    def stuck(call: Call) -> None:
+        if call.method != CREATE_CONTAINER:
+            return
+        call.request.config.linux.resources.cpuset_cpus = "1"
+        call.mark_modified()
+        gate.wait(10)
+
+    slow.pre = stuck  # type: ignore[method-assign]
+    ic.set_hooks([slow])
+    ic.set_config(HooksConfig(per_hook={"numa": HookSettings(budget_seconds=5.0, failure_policy=policy)}))
+    fe.fit_to(0.5)
+    assert fe.timeout == pytest.approx(0.45) and ic.nri_hook_budget == pytest.approx(0.4)
+    p = pod("slow")
+    fe.run_pod_sandbox(p)
+    try:
+        if policy == "ignore":
+            assert fe.create_container(p, container(p)) == nri.ContainerAdjustment()
+            assert ic.store.container("c-slow-main").resources.cpuset_cpus == "0-1"   # what containerd made
+        else:
+            with pytest.raises(NriRequestError) as e:
+                fe.create_container(p, container(p))
+            assert e.value.code != 4 and "budget" in str(e.value)   # the hook's refusal, not our deadline
+        assert ic.counters.snapshot().get("nri_events_past_deadline", 0) == 0
+    finally:
+        gate.set()
+
+
 def test_translate_keeps_what_the_hooks_read():
     p = pod("x", app="a")
     p.annotations["anolisbox.sh/qoslevel"] = "BE"

@@ -358,7 +358,10 @@ def test_a_peer_that_stops_reading_ends_the_session_after_the_write_timeout(pair
     envelope = ttrpc_pb2.Request(service=PLUGIN, method="CreateContainer", payload=req.SerializeToString())
     while not session.closed:
         # The answers (~0.5 MB each) fill the socket's buffers; the next write stalls.
-        rt.send_raw(fr.message_frames(1, rt.stream_id(), fr.REQUEST, 0, envelope.SerializeToString()))
+        try:
+            rt.send_raw(fr.message_frames(1, rt.stream_id(), fr.REQUEST, 0, envelope.SerializeToString()))
+        except OSError:   # the session closed between the check and this send, its socket with it
+            break
         session.wait_closed(0.05)
     assert session.wait_closed(30) and session.reason.startswith("write failed"), session.reason
     rt.reading.set()

@@ -30,6 +30,9 @@ class Recorder:
         self.calls: List[Tuple[str, Any]] = []
         self.fail: Any = None
 
+    def fit_to(self, request_timeout: float) -> None:
+        self.timeout = request_timeout * 0.9
+
     def _note(self, name: str, *args: Any) -> None:
         self.calls.append((name, args))
         if self.fail is not None:
@@ -67,6 +70,10 @@ class Recorder:
 class CriClient:
     def __init__(self) -> None:
         self.updates: List[Tuple[str, str]] = []
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def update_container_resources(self, cid: str, res: Any) -> None:
         self.updates.append((cid, res.cpuset_cpus))
@@ -198,6 +205,8 @@ def test_live_moves_go_through_update_containers_and_through_cri_when_not_regist
     wait_until(lambda: not plugin.connected, "the plugin saw the runtime go")
     plugin.update_container_resources("c2", cri.LinuxContainerResources(cpuset_cpus="0"))
     assert cri_client.updates == [("c2", "0")] and plugin.n["updates_via_cri"] == 1
+    plugin.close()   # the re-pinner's close at shutdown: the fallback's connection closed
+    assert cri_client.closed
 
 
 def test_reconnects_with_backoff_when_the_runtime_comes_back(setup, tmp_path):
