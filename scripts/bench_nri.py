@@ -100,9 +100,10 @@ def pct(values: Sequence[float], q: float) -> float:
 
 
 def stats(values: Sequence[float]) -> Dict[str, float]:
-    """p50 / p90 / max (and n) of ``values`` (ms)."""
+    """p50 / p90 / max / mean (and n) of ``values`` (ms)."""
     return {"n": len(values), "p50": pct(values, 0.5), "p90": pct(values, 0.9),
-            "max": max(values) if values else float("nan")}
+            "max": max(values) if values else float("nan"),
+            "mean": sum(values) / len(values) if values else float("nan")}
 
 
 def ratios(figures: Dict[str, Dict[str, float]], base: str = "direct") -> Dict[str, Dict[str, float]]:
@@ -591,14 +592,14 @@ def render(r: Dict[str, Any]) -> str:
         L.append(f"| {a} | {f['n']} | {placed} | {_f(f['p50'])} / {_f(f['p90'])} / {_f(f['max'])} | "
                  f"{_f(x['p50'], 3)} | {_f(x['p90'], 3)} | {_f(f['p50'] - figs['pod']['direct']['p50'])} |")
     L.append("")
-    L.append("| call | arm | p50 / p90 / max, ms | x direct p50 / p90 | daemon logged p50, ms |")
-    L.append("|---|---|---:|---:|---:|")
+    L.append("| call | arm | p50 / p90 / max, ms | mean, ms | x direct p50 / p90 | daemon logged p50 / mean, ms |")
+    L.append("|---|---|---:|---:|---:|---:|")
     for c in CALLS:
         for a in ARMS:
             f, x = figs[c][a], rat[c][a]
             logged = s["daemon_ms"].get(a, {}).get(c)
-            lg = f"{_f(logged['p50'])} (n={logged['n']})" if logged else "-"
-            L.append(f"| {c} | {a} | {_f(f['p50'])} / {_f(f['p90'])} / {_f(f['max'])} | "
+            lg = f"{_f(logged['p50'])} / {_f(logged['mean'])} (n={logged['n']})" if logged else "-"
+            L.append(f"| {c} | {a} | {_f(f['p50'])} / {_f(f['p90'])} / {_f(f['max'])} | {_f(f['mean'])} | "
                      f"{_f(x['p50'], 3)} / {_f(x['p90'], 3)} | {lg} |")
     L.append("")
     L.append("daemon logged: proxy = from the request's arrival to containerd's reply (pre-hooks and containerd "
@@ -606,7 +607,7 @@ def render(r: Dict[str, Any]) -> str:
              "ttrpc round trip)")
     for a, h in s["hooks"].items():
         L.append(f"{a}: pre-hooks ran {h['pre_hook_calls']} times, {_f(h['pre_hook_ms_total'])} ms in all, "
-                 f"{_f(h['pre_hook_ms_per_pod'], 2)} ms per pod start")
+                 f"{_f(h['pre_hook_ms_per_pod'], 2)} ms per pod start (mean)")
     b = s["b_start_to_registered_s"]
     L.append(f"daemon B, start to registered (not timed): p50 {_f(b['p50'], 2)} s, max {_f(b['max'], 2)} s "
              f"over {b['n']} starts")

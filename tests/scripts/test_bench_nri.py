@@ -54,7 +54,7 @@ def test_percentiles_are_nearest_rank():
     assert bench.pct([7.0], 0.9) == 7.0
     assert bench.pct([], 0.5) != bench.pct([], 0.5)   # nan
     s = bench.stats([3.0, 1.0, 2.0])
-    assert (s["n"], s["p50"], s["p90"], s["max"]) == (3, 2.0, 3.0, 3.0)
+    assert (s["n"], s["p50"], s["p90"], s["max"], s["mean"]) == (3, 2.0, 3.0, 3.0, 2.0)
 
 
 def test_ratios_are_to_the_direct_arm():
