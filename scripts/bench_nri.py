@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Pod start time three ways in one run: direct, through the proxy, with the NRI plugin (issue 29).
 
-    sudo .venv/bin/python scripts/bench_nri.py            # 6 rounds x 15 pods per arm, ~3-4 min
-    sudo .venv/bin/python scripts/bench_nri.py --quick    # 2 rounds x 4 pods (CI smoke run, < 60 s)
+    sudo .venv/bin/python scripts/bench_nri.py            # 6 rounds x 15 pods per arm, ~2.5 min
+    sudo .venv/bin/python scripts/bench_nri.py --quick    # 2 rounds x 4 pods (CI smoke run, ~15-25 s)
     sudo .venv/bin/python scripts/bench_nri.py --json FILE
 
 Needs root, containerd v2.2.7 (``build_named("2.2")``: /work/shared/containerd-2.2, NRI is
