@@ -21,7 +21,9 @@ which the re-pinner calls: NRI's ``UpdateContainers`` while registered (containe
 as the kubelet's), the CRI call otherwise.
 
 Who can write to this input: containerd, root, on a root-only socket; the wire layer
-(``session.py``) bounds what a faulty peer can make us hold.
+(``session.py``) bounds what a faulty peer can make us hold. A socket that someone but root
+could replace (it, or a directory above it, owned or writable by another user) is not
+connected to: that user could listen there in containerd's place.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from google.protobuf.message import DecodeError
 from anolisnuma.controller import Controller
 from anolisnuma.nri import translate
 from anolisnuma.nri.session import NriRequestError, NriSession
+from anolisnuma.trusted_file import unsafe_along
 from nri_proto import api_pb2 as nri
 
 log = structlog.get_logger("anolisnuma.nri")
@@ -69,7 +72,7 @@ class NriPlugin(Controller):
         self.runtime = ""            # "containerd v2.2.7", from Configure
         self.request_timeout_ms = 0  # containerd's plugin_request_timeout, from Configure
         self.last_disconnect = ""
-        self.n: Dict[str, int] = {"connects": 0, "registrations": 0, "disconnects": 0, "connect_failures": 0,
+        self.n: Dict[str, int] = {"connects": 0, "registrations": 0, "disconnects": 0, "connect_failures": 0, "connect_refused_untrusted": 0,
                                   "synchronizes": 0, "events": 0, "events_refused": 0, "events_failed": 0,
                                   "updates_sent": 0, "updates_failed": 0, "updates_via_cri": 0}
         self._handlers: Dict[str, Any] = {
@@ -95,6 +98,18 @@ class NriPlugin(Controller):
     def run_once(self) -> None:
         """Connect, register, serve until the connection ends."""
         cfg = self.config
+        try:
+            unsafe = unsafe_along(cfg.socket)
+        except OSError as e:
+            unsafe = None
+            log.debug("NRI socket path not checked", error=str(e))
+        if unsafe is not None:
+            # whoever may change it may listen there in containerd's place and tell us of
+            # pods that are not there: we do not connect
+            self.n["connect_refused_untrusted"] += 1
+            self._back_off("not connected: " + unsafe.describe("another user could listen there in containerd's "
+                                                              "place"))
+            return
         try:
             session = NriSession.connect(cfg.socket, self._handle, timeout=REGISTRATION_TIMEOUT, log=log)
         except OSError as e:

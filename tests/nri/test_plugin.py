@@ -250,3 +250,31 @@ def test_stop_is_prompt_while_nothing_listens(tmp_path):
     threading.Thread(target=lambda: (plugin.stop(), done.set()), daemon=True).start()
     assert done.wait(10)   # not the backoff's up-to-300 s
     assert not os.path.exists(tmp_path / "absent.sock")
+
+
+@pytest.mark.parametrize("how", ["directory writable by all", "socket owned by another user"])
+def test_a_socket_another_user_could_replace_is_not_connected_to(tmp_path, how):
+    """Whoever may change the socket or a directory above it could listen there in
+    containerd's place and tell the plugin of pods that are not there."""
+    d = tmp_path / "nri"
+    d.mkdir()
+    path = str(d / "nri.sock")
+    runtime = FakeNriRuntime(path).start()
+    if how == "directory writable by all":
+        os.chmod(d, 0o777)
+    else:
+        os.chown(path, 1000, 1000)
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    plugin.start()
+    plugin.wake()
+    try:
+        wait_until(lambda: plugin.n["connect_refused_untrusted"] >= 2, "refused, and again after the backoff")
+        assert not runtime.connected.is_set() and plugin.n["connects"] == 0
+        assert "another user could listen there" in plugin.last_error
+        assert ("chmod go-w" if how.startswith("directory") else "chown root") in plugin.last_error
+        os.chmod(d, 0o755)   # fixed: it connects on its next attempt
+        os.chown(path, 0, 0)
+        assert runtime.registered.wait(10)
+    finally:
+        plugin.stop()
+        runtime.close()
