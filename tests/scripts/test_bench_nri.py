@@ -162,7 +162,8 @@ def test_the_report_has_every_arm_every_call_and_says_when_the_machine_was_share
 @pytest.mark.skipif(_cannot_run() is not None, reason=_cannot_run() or "")
 def test_a_quick_run_has_all_three_arms_and_every_pod_placed(tmp_path):
     out = tmp_path / "figures.json"
-    proc = subprocess.Popen([sys.executable, SCRIPT, "--quick", "--json", str(out)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--quick", "--json", str(out)],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
