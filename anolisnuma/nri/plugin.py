@@ -72,8 +72,8 @@ class NriPlugin(Controller):
         self.runtime = ""            # "containerd v2.2.7", from Configure
         self.request_timeout_ms = 0  # containerd's plugin_request_timeout, from Configure
         self.last_disconnect = ""
-        self.n: Dict[str, int] = {"connects": 0, "registrations": 0, "disconnects": 0, "connect_failures": 0, "connect_refused_untrusted": 0,
-                                  "synchronizes": 0, "events": 0, "events_refused": 0, "events_failed": 0,
+        self.n: Dict[str, int] = {"connects": 0, "registrations": 0, "disconnects": 0, "connect_failures": 0,
+                                  "connect_refused_untrusted": 0, "synchronizes": 0, "events": 0, "events_refused": 0, "events_failed": 0,
                                   "updates_sent": 0, "updates_failed": 0, "updates_via_cri": 0}
         self._handlers: Dict[str, Any] = {
             "Configure": (nri.ConfigureRequest, self._configure),
@@ -133,6 +133,7 @@ class NriPlugin(Controller):
             return
         self.n["registrations"] += 1
         self._delay = 0.0
+        self.last_error = ""   # (the status lists loops whose last error is set: this one is over)
         log.info("registered with containerd as an NRI plugin", socket=cfg.socket,
                  plugin=f"{cfg.plugin_index}-{cfg.plugin_name}")
         session.wait_closed(None)

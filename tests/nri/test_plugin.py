@@ -218,6 +218,7 @@ def test_reconnects_with_backoff_when_the_runtime_comes_back(setup, tmp_path):
     try:
         assert again.registered.wait(10)
         wait_until(lambda: plugin.n["registrations"] == 2 and plugin.connected, "registered again")
+        assert plugin.last_error == ""   # the status no longer lists the old failure
         assert configure(again).events == EVENT_MASK
     finally:
         again.close()
