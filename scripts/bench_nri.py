@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -61,10 +60,12 @@ import uuid
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for _p in (HERE, os.path.join(HERE, "tests", "e2e")):
+for _p in (HERE, os.path.join(HERE, "tests", "e2e"), os.path.join(HERE, "scripts")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from bench_proxy import log, pct  # noqa: E402
+from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError  # noqa: E402
 from anolisnuma.testing.containerd import PrivateContainerd, cleanup_dead_instances  # noqa: E402
 from anolisnuma.testing.containerd_builds import build_named  # noqa: E402
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology  # noqa: E402
@@ -85,19 +86,7 @@ NOISY_PERCENT = 10.0                 # other processes' share of the CPUs that m
 CG_CPUSET = "/sys/fs/cgroup/cpuset"
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 # --------------------------------------------------------------------------- pure parts
-
-def pct(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..1), as bench_proxy.py's."""
-    s = sorted(values)
-    if not s:
-        return float("nan")
-    return s[min(len(s) - 1, max(0, int(math.ceil(q * len(s))) - 1))]
-
 
 def stats(values: Sequence[float]) -> Dict[str, float]:
     """p50 / p90 / max / mean (and n) of ``values`` (ms)."""
@@ -137,18 +126,12 @@ def node_of(cpus: str, node_cpus: Dict[int, str]) -> Optional[int]:
     return None
 
 
-def _cpu_set(text: str) -> frozenset:
-    out = set()
-    for part in (text or "").strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        try:
-            out.update(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            return frozenset()
-    return frozenset(out)
+def _cpu_set(text: str) -> Optional[CpuSet]:
+    """A cpuset list as the kernel or containerd wrote it; None when it does not parse."""
+    try:
+        return CpuSet.parse((text or "").strip())
+    except CpuSetError:
+        return None
 
 
 def placement(real_cpus: str, spec_cpus: str, node_cpus: Dict[int, str]) -> Optional[int]:
