@@ -147,6 +147,16 @@ def wait_node_policy(cp: PrivateControlPlane) -> None:
                                     body)[0] == 403, "the node policy enforced")
 
 
+def install(cp: PrivateControlPlane, namespace: str) -> None:
+    """deploy/'s CRDs, RBAC and node policy on a fresh control plane, the policy enforced,
+    and ``namespace`` made for the CRs."""
+    cp.kubectl("apply", *(a for name in INSTALL for a in ("-f", os.path.join(DEPLOY, name))))
+    cp.kubectl("wait", "--for=condition=Established", "crd/oenumas.resource.sop.huawei.com",
+               "crd/noderesourcetopologies.topology.node.k8s.io")
+    cp.kubectl("create", "namespace", namespace)
+    wait_node_policy(cp)
+
+
 def start_node(base: str, sockdir: str, kubeconfig: str, name: str, **kubernetes: Any) -> Node:
     fake = FakeCri(os.path.join(sockdir, f"containerd-{name[-6:]}.sock"), containers=0, sandboxes=0).start()
     data = config_dict(base, fake.socket_path, listen=os.path.join(sockdir, f"cri-{name[-6:]}.sock"), extra={

@@ -9,7 +9,6 @@ Skipped, saying why, where the Kubernetes binaries, etcd or openssl are absent.
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any, Iterator
 
@@ -17,7 +16,7 @@ import pytest
 
 from anolisnuma.testing import kube_apiserver
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane
-from cluster_helpers import DEPLOY, INSTALL, Cluster, Node, start_node, stop_node, wait_node_policy
+from cluster_helpers import Cluster, Node, install, start_node, stop_node
 
 
 @pytest.fixture(scope="session")
@@ -27,11 +26,7 @@ def cluster() -> Iterator[Cluster]:
         pytest.skip(why)
     cp = PrivateControlPlane.start_new()
     try:
-        cp.kubectl("apply", *(a for name in INSTALL for a in ("-f", os.path.join(DEPLOY, name))))
-        cp.kubectl("wait", "--for=condition=Established", "crd/oenumas.resource.sop.huawei.com",
-                   "crd/noderesourcetopologies.topology.node.k8s.io")
-        cp.kubectl("create", "namespace", "batch")
-        wait_node_policy(cp)
+        install(cp, "batch")
         yield Cluster(cp)
     finally:
         cp.close()

@@ -26,10 +26,10 @@ from anolisnuma.testing.waiting import wait_until
 CLUSTER_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cluster")
 if CLUSTER_TESTS not in sys.path:
     sys.path.insert(0, CLUSTER_TESTS)
-from cluster_helpers import DEPLOY, INSTALL, node_kubeconfig, oenuma, wait_node_policy  # noqa: E402
+from cluster_helpers import install, node_kubeconfig, oenuma  # noqa: E402
 
 CONTAINERD_BUILDS = ("2.2",)
-direct = test_nri_e2e.direct   # the fixture: a client on containerd's socket, our pods removed after
+direct = test_nri_e2e.direct   # the fixture (test_numa_e2e's): a client on containerd's socket, our pods removed after
 NS = "numa-e2e"   # (test_numa_e2e's managed namespace: the CR lives there too, so it needs no trust)
 
 
@@ -39,10 +39,7 @@ def test_an_oenuma_cr_moves_a_pod_placed_by_nri_and_its_deletion_gives_it_back(c
         pytest.skip(why)
     cp = PrivateControlPlane.start_new()
     try:
-        cp.kubectl("apply", *(a for name in INSTALL for a in ("-f", os.path.join(DEPLOY, name))))
-        cp.kubectl("wait", "--for=condition=Established", "crd/oenumas.resource.sop.huawei.com")
-        cp.kubectl("create", "namespace", NS)
-        wait_node_policy(cp)
+        install(cp, NS)
         name = f"worker-{uuid.uuid4().hex[:8]}"
         data = nri_config(str(tmp_path), containerd, node_name=name)
         data["kubernetes"] = {"kubeconfig": node_kubeconfig(cp, name), "request_timeout_seconds": 3.0,

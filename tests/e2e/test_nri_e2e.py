@@ -24,11 +24,11 @@ import signal
 import uuid
 from typing import Any, Dict, Iterator, List, Tuple
 
-import pytest
+import test_numa_e2e
 from cri_client import KubeletLike
 from test_numa_e2e import (
-    NODE_CPU, NS, alloc_of, check_balance, check_ledger_consistent, cleanup_our_pods, load_numa_state, numa_config,
-    real_cpuset, real_cpus, res,
+    NODE_CPU, NS, alloc_of, check_balance, check_ledger_consistent, load_numa_state, numa_config, real_cpuset,
+    real_cpus, res,
 )
 
 from anolisnuma.admin import views
@@ -39,6 +39,7 @@ from anolisnuma.testing.proxy import InProcessProxy, SubprocessProxy, read_log
 from anolisnuma.testing.waiting import wait_until
 
 CONTAINERD_BUILDS = ("2.2",)   # NRI: containerd >= 1.7; Debian's 1.6 has none
+direct = test_numa_e2e.direct   # the fixture: a client on containerd's socket, our pods removed after
 REGISTERED = "registered with containerd as an NRI plugin"
 
 
@@ -63,20 +64,6 @@ def nri_daemon(containerd: Any, base: str, **numa: Any) -> Iterator[Tuple[InProc
         yield proxy, hook, data
     finally:
         proxy.stop()
-
-
-@pytest.fixture
-def direct(containerd):  # type: ignore[no-untyped-def]
-    """A client on containerd's own socket for the truth; every pod of the test's
-    namespaces is removed afterwards with its cgroups (as test_numa_e2e's fixture)."""
-    kl = KubeletLike(containerd.socket, harness=containerd, timeout=20)
-    kl.parents = set()  # type: ignore[attr-defined]
-    try:
-        yield kl
-    finally:
-        kl.close()
-        errors = cleanup_our_pods(containerd, kl.parents)  # type: ignore[attr-defined]
-        assert not errors, errors
 
 
 def registrations(log_file: str) -> int:
