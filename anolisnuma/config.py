@@ -17,16 +17,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from anolisnuma.configfile import ConfigError, Table, load_toml
 
 MIB = 1 << 20
-UNIX_PREFIX = "unix://"
-
-
-def _socket_path(table: Table, name: str, default: str) -> str:
-    value = table.str(name, default)
-    if value.startswith(UNIX_PREFIX):
-        value = value[len(UNIX_PREFIX):]
-    if not value.startswith("/"):
-        raise ConfigError(table.key(name), f"must be an absolute unix socket path; got {value!r}")
-    return value
 
 
 def _abs_path(table: Table, name: str, default: str) -> str:
@@ -75,7 +65,7 @@ class ServerConfig:
         total = t.int("buffer_bytes_total", max(cls.buffer_bytes_total, 2 * per_connection),
                       min=per_connection, max=2**40)
         cfg = cls(
-            listen=_socket_path(t, "listen", cls.listen),
+            listen=t.socket_path("listen", cls.listen),
             socket_mode=socket_mode,
             max_message_bytes=max_message_bytes,
             shutdown_grace_seconds=t.float("shutdown_grace_seconds", cls.shutdown_grace_seconds, min=0, max=600),
@@ -104,7 +94,7 @@ class RuntimeConfig:
     @classmethod
     def from_table(cls, t: Table) -> "RuntimeConfig":
         cfg = cls(
-            endpoint=_socket_path(t, "endpoint", cls.endpoint),
+            endpoint=t.socket_path("endpoint", cls.endpoint),
             connect_timeout_seconds=t.float("connect_timeout_seconds", cls.connect_timeout_seconds,
                                             min=0.01, max=60),
             max_message_bytes=t.int("max_message_bytes", cls.max_message_bytes, min=16 * MIB, max=2**31 - 1),
@@ -191,7 +181,7 @@ class AdminConfig:
     @classmethod
     def from_table(cls, t: Table) -> "AdminConfig":
         value = t.str("socket", cls.socket)
-        cfg = cls(socket=_socket_path(t, "socket", cls.socket) if value else "")
+        cfg = cls(socket=t.socket_path("socket", cls.socket) if value else "")
         t.finish()
         return cfg
 

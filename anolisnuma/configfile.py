@@ -25,6 +25,9 @@ _MISSING = object()
 CONFIG_MAX_BYTES = MIB
 
 
+UNIX_PREFIX = "unix://"
+
+
 class ConfigError(Exception):
     """The configuration is invalid; ``key`` is the dotted key, ``problem`` what is wrong."""
 
@@ -117,6 +120,16 @@ class Table:
             raise ConfigError(self.key(name), f"must be a finite number; got {value}")
         check_range(self.key(name), value, min, max)
         return float(value)
+
+    def socket_path(self, name: str, default: Any = _MISSING) -> str:
+        """An absolute unix socket path; a ``unix://`` prefix (as the kubelet writes
+        endpoints) is taken off."""
+        value = self.str(name, default)
+        if value.startswith(UNIX_PREFIX):
+            value = value[len(UNIX_PREFIX):]
+        if not value.startswith("/"):
+            raise ConfigError(self.key(name), f"must be an absolute unix socket path; got {value!r}")
+        return value
 
     def str_list(self, name: str, default: Any = _MISSING) -> Any:
         value = self._get(name, default)

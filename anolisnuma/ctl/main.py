@@ -22,8 +22,8 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from anolisnuma import __version__
-from anolisnuma.config import UNIX_PREFIX, AdminConfig
-from anolisnuma.configfile import ConfigError, load_toml
+from anolisnuma.config import AdminConfig
+from anolisnuma.configfile import UNIX_PREFIX, ConfigError, load_toml
 from anolisnuma.ctl import render
 from anolisnuma.ctl.client import CtlError, ask
 from anolisnuma.ctl.table import printable

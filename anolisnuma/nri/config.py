@@ -28,13 +28,9 @@ class NriConfig:
 
     @classmethod
     def from_table(cls, t: Table) -> "NriConfig":
-        socket = t.str("socket", cls.socket)
-        socket = socket[len("unix://"):] if socket.startswith("unix://") else socket
-        if not socket.startswith("/"):
-            raise ConfigError(t.key("socket"), f"must be an absolute unix socket path; got {socket!r}")
         cfg = cls(
             enabled=t.bool("enabled", cls.enabled),
-            socket=socket,
+            socket=t.socket_path("socket", cls.socket),
             plugin_name=t.str("plugin_name", cls.plugin_name),
             plugin_index=t.str("plugin_index", cls.plugin_index),
             reconnect_max_seconds=t.float("reconnect_max_seconds", cls.reconnect_max_seconds, min=0.5, max=300),

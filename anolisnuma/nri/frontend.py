@@ -46,8 +46,8 @@ from cri_proto import api_pb2 as cri
 
 log = structlog.get_logger("anolisnuma.nri")
 
-# gRPC code for a call the pipeline did not finish within the time containerd gives us
-_DEADLINE_EXCEEDED = 4
+# for a call the pipeline did not finish within the time containerd gives us
+_DEADLINE_EXCEEDED = grpcwire.STATUS_CODES["DEADLINE_EXCEEDED"]
 
 
 class NriFrontEnd:

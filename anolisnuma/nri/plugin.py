@@ -36,6 +36,7 @@ import structlog
 from google.protobuf.message import DecodeError
 
 from anolisnuma.controller import Controller
+from anolisnuma.cri.grpcwire import STATUS_CODES
 from anolisnuma.nri import translate
 from anolisnuma.nri.session import NriRequestError, NriSession
 from anolisnuma.trusted_file import unsafe_along
@@ -43,7 +44,7 @@ from nri_proto import api_pb2 as nri
 
 log = structlog.get_logger("anolisnuma.nri")
 
-_INVALID_ARGUMENT, _UNIMPLEMENTED = 3, 12
+_INVALID_ARGUMENT, _UNIMPLEMENTED = STATUS_CODES["INVALID_ARGUMENT"], STATUS_CODES["UNIMPLEMENTED"]
 # the events the policies act on (anolisnuma/nri/frontend.py); bit e-1 for event e, as NRI's EventMask
 _EVENTS = (nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
            nri.START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER)
