@@ -30,8 +30,8 @@ from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 
 from anolisnuma import __version__
 from anolisnuma.cluster.bounded_transport import BoundedTransport, ReplyTooLarge, WatchEnded, httpx
-from anolisnuma.cluster.reply_encoding import ReplyEncoding
 from anolisnuma.cluster.kubeconfig import Kubeconfig, KubeconfigError
+from anolisnuma.cluster.reply_encoding import ReplyEncoding
 from anolisnuma.cluster.token_auth import BadToken, TokenFileAuth
 from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND
 

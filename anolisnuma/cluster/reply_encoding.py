@@ -76,7 +76,7 @@ class Decoded(httpx.SyncByteStream):
             tail = z.flush()   # (every input was decoded in bounded pieces: little is left)
         except zlib.error as e:
             raise ReplyEncoding(f"a {self._coding} reply that does not decode: {e}") from e
-        if not z.eof:   # (zlib takes a stream cut short without a word)
+        if not z.eof and not first:   # (zlib takes a stream cut short without a word; an empty body is none)
             raise ReplyEncoding(f"a {self._coding} reply that does not decode: it ends before its compressed data")
         if tail:
             yield tail
