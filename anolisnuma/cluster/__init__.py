@@ -12,7 +12,8 @@ API server, whatever state it is in.
 - ``kube_client.py``: the few requests the daemon makes (list, watch, server-side apply,
   events), made with lightkube, imported only when ``[kubernetes] kubeconfig`` is set;
   ``bounded_transport.py``: a deadline on every request and a size bound on every reply
-  and watch event, under lightkube's HTTP client;
+  and watch event, under lightkube's HTTP client; ``reply_encoding.py``: a compressed
+  reply decoded below those bounds (they count what the daemon holds);
 - ``oenumas.py``: the Oenuma CRs seen (only what concerns this node is kept, within the
   bounds of ``policies/numa/oenuma_bounds.py``), their rules under the node's trust
   (``policies/numa/oenuma_cr.py``), and the last ones in force persisted;

@@ -6,6 +6,9 @@ in front of it) that sends garbage must not grow the daemon's memory nor hold a 
 forever, so this transport, between httpx's client and its connection pool, wraps every
 response's byte stream:
 
+- every request asks for ``Accept-Encoding: identity``, and a reply compressed all the
+  same is decoded below the bounds (``reply_encoding.py``): the bounds count the bytes the
+  daemon will hold, not the wire's (a gzipped list is about 100 times smaller);
 - a reply but a watch's is at most ``max_reply_bytes`` and complete within
   ``request_timeout`` of the request (httpx bounds each read, not the whole reply);
 - a watch's lines are each at most ``max_event_bytes`` (one event: an object etcd took,
@@ -33,6 +36,8 @@ import time
 from typing import Any, Iterator, Optional, Set
 
 from lightkube.core.generic_client import httpx  # (httpx or httpx2, as lightkube imports it)
+
+from anolisnuma.cluster.reply_encoding import ReplyEncoding, decoded
 
 
 class ReplyTooLarge(httpx.TransportError):
@@ -73,6 +78,9 @@ class BoundedTransport(httpx.BaseTransport):
         self.requests += 1
         if self.user_agent:
             request.headers["User-Agent"] = self.user_agent
+        # (httpx asks for gzip by default, and decodes above this transport: the bounds
+        # below would count the compressed bytes)
+        request.headers["Accept-Encoding"] = "identity"
         watch = is_watch(request)
         if watch:
             request.url = request.url.copy_merge_params({"allowWatchBookmarks": "true"})
@@ -81,16 +89,21 @@ class BoundedTransport(httpx.BaseTransport):
             request.extensions = dict(request.extensions, timeout=timeout)
         started = time.monotonic()
         response = self.inner.handle_request(request)
+        try:
+            headers, body = decoded(response.headers, response.stream)
+        except ReplyEncoding:
+            response.close()
+            raise
         if watch and response.status_code == 200:
-            stream: Any = _WatchLines(self, response, self.max_event_bytes)
+            stream: Any = _WatchLines(self, body, response.extensions, self.max_event_bytes)
             with self._lock:
                 self._watches.add(stream)
                 cut = self._cut
             if cut:
                 stream.abort()
         else:
-            stream = _Bounded(response.stream, self.max_reply_bytes, started + self.request_timeout)
-        return httpx.Response(status_code=response.status_code, headers=response.headers, stream=stream,
+            stream = _Bounded(body, self.max_reply_bytes, started + self.request_timeout)
+        return httpx.Response(status_code=response.status_code, headers=headers, stream=stream,
                               extensions=response.extensions, request=request)
 
     def abort(self) -> None:
@@ -131,7 +144,7 @@ class _Bounded(httpx.SyncByteStream):
             size += len(chunk)
             if size > self._limit:
                 self.close()
-                raise ReplyTooLarge(f"reply larger than {self._limit} bytes")
+                raise ReplyTooLarge(f"reply larger than {self._limit} bytes (decoded)")
             if time.monotonic() > self._deadline:
                 self.close()
                 raise httpx.ReadTimeout("reply not complete within the request timeout")
@@ -142,10 +155,10 @@ class _Bounded(httpx.SyncByteStream):
 
 
 class _WatchLines(httpx.SyncByteStream):
-    def __init__(self, owner: BoundedTransport, response: Any, limit: int) -> None:
+    def __init__(self, owner: BoundedTransport, body: Any, extensions: Any, limit: int) -> None:
         self._owner = owner
-        self._inner = response.stream
-        self._stream = response.extensions.get("network_stream")
+        self._inner = body
+        self._stream = extensions.get("network_stream")
         self._limit = limit
         self.aborted = False
 

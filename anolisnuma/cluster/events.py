@@ -40,6 +40,20 @@ MAX_SERIES_KEPT = 1024
 # rules, or the QoS hook.
 REPORTING_CONTROLLER = "anolisnuma.io/numa"
 QOS_CONTROLLER = "anolisnuma.io/qos"
+# Every reason this daemon's events have, by reportingController, and every action: the
+# node policy (deploy/node-policy*.yaml, anolisnuma-node-events) lets a node's credentials
+# make no other, so that root on a node cannot word a Warning as the kubelet's or anyone's
+# (tests/cluster/test_event_policy.py keeps the three in step with the code that words them).
+REASONS = {
+    REPORTING_CONTROLLER: ("NumaPlaced", "NumaMoved", "NumaMoveFailed", "NumaRepinned", "NumaRuleFailed",
+                           "NumaReleased", "OenumaMalformed", "OenumaRefused"),
+    QOS_CONTROLLER: ("QosApplied", "QosSkipped", "QosApplyFailed", "QosLevelRefused"),
+}
+ACTIONS = ("Place", "Move", "Rollback", "Repin", "Release", "Skip", "Refuse", "Apply")
+# The API server refuses an events.k8s.io note of more bytes (UTF-8) than this, whoever
+# sends it (its validation, before any admission policy): a longer one is cut to it, at a
+# character's boundary. Every note starts with "<node>: ", which the node policy requires.
+MAX_NOTE_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -152,7 +166,7 @@ class EventRecorder(Controller):
         # of events sent keeps two of one nanosecond apart)
         name = self.client.create_event(
             ns, f"{r.name[:200]}.{int(when * 1e9) + self.sent:x}", when, regarding, type=event.type,
-            reason=event.reason, action=event.action, note=event.note[:1024],
+            reason=event.reason, action=event.action, note=clip_note(event.note),
             reportingController=event.controller, reportingInstance=f"anolisnuma-{self.node_name}"[:128])
         self._series[event] = (name, micro_time(when), 1, when)
         while len(self._series) > MAX_SERIES_KEPT:
@@ -166,6 +180,14 @@ class EventRecorder(Controller):
         return {"events_sent": self.sent, "events_aggregated": self.aggregated, "events_failed": self.failed,
                 "events_dropped_rate": self.dropped_rate, "events_dropped_full": self.dropped_full,
                 "events_queued": len(self._queue)}
+
+
+def clip_note(note: str) -> str:
+    """``note`` in at most :data:`MAX_NOTE_BYTES` bytes of UTF-8 (its first characters)."""
+    if len(note) * 4 <= MAX_NOTE_BYTES:   # (no character is more than 4 bytes)
+        return note
+    # (a character cut in two is left out)
+    return note.encode("utf-8", "replace")[:MAX_NOTE_BYTES].decode("utf-8", "ignore")
 
 
 def pod_regarding(namespace: str, name: str, uid: str) -> Regarding:

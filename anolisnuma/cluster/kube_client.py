@@ -31,12 +31,20 @@ from lightkube.types import OnErrorAction, OnErrorResult, PatchType
 from anolisnuma import __version__
 from anolisnuma.cluster.bounded_transport import BoundedTransport, ReplyTooLarge, WatchEnded, httpx
 from anolisnuma.cluster.kubeconfig import Kubeconfig, KubeconfigError
+from anolisnuma.cluster.reply_encoding import ReplyEncoding
 from anolisnuma.cluster.token_auth import BadToken, TokenFileAuth
 from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND
 
 MIB = 1 << 20
-MAX_REPLY_BYTES = 64 * MIB    # a list page of 500 CRs of the largest size etcd takes (1.5 MiB)
+MAX_REPLY_BYTES = 64 * MIB    # any reply but a watch's, decoded: a list page of LIST_PAGE of the largest CRs
 MAX_EVENT_BYTES = 4 * MIB     # one watch event: an object etcd took (1.5 MiB), JSON-escaped
+# No object is larger than etcd's --max-request-bytes (1.5 MiB unless raised): the largest
+# Oenuma etcd took was 1,572,768 bytes in a list reply of it alone (measured on the tests'
+# API server, which stores a string's "<" as the 6 bytes of "\u003c" already, and so serves
+# no more than it stored: tests/cluster/test_reply_bounds_live.py finds that CR again and
+# holds these numbers to it); 4 % more for the list's own fields and the search's step.
+MAX_CR_BYTES = 1600 * 1024
+LIST_PAGE = MAX_REPLY_BYTES // MAX_CR_BYTES   # 40 CRs a page: a page of the largest is within the bound
 USER_AGENT = f"anolisnuma/{__version__}"
 ALL_NAMESPACES = "*"
 
@@ -74,7 +82,7 @@ def api_error(e: BaseException, what: str) -> ApiError:
     if isinstance(e, httpx.HTTPStatusError):   # (an error reply that is not a Status)
         text = e.response.text if e.response.is_stream_consumed else ""
         return ApiError(e.response.status_code, "", " ".join(text[:300].split()) or what)
-    if isinstance(e, ReplyTooLarge):
+    if isinstance(e, (ReplyTooLarge, ReplyEncoding)):
         return ApiError(200, "Garbage", f"{what}: {e}")
     if isinstance(e, BadToken):   # (its message names the file, never the token)
         return ApiError(0, "BadCredentials", f"{what}: {e}")

@@ -22,8 +22,18 @@ from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.ledger import Allocation
 from anolisnuma.policies.numa.rules import PinRule
 
-MAX_PODS = 200       # per entry: a status stays small whatever the patterns match
-MAX_PROBLEMS = 20
+# What one entry holds at most. The CRD's status schema (deploy/crd-oenuma.yaml) carries
+# bounds at or above each (the API server refuses an entry past them, whoever writes it:
+# tests/cluster/test_status_bounds.py holds the two together), so that no node's entry,
+# this daemon's or a forged one, takes more than about a third of the 1.5 MiB etcd stores
+# of a CR that other nodes report on too.
+MAX_PODS = 200       # pods[]: a status stays small whatever the patterns match
+MAX_PROBLEMS = 20    # problems[]
+MAX_TEXT = 1000      # a problem, the condition's message
+MAX_REASON = 250     # a pod's reason (the condition's message says more)
+MAX_SET = 500        # a pod's cpuset and memset, as text (a NUMA node's CPUs are a few ranges)
+MAX_NUMA_LISTED = 64   # a pod's numaNodes (its memset names them all)
+MAX_UID = 64         # a pod's UID (36 characters from the kubelet)
 ABSENT = "no pod of this name is placed on this node"
 UNTOLD_FAILURE = "not placed by the rule"
 ABSENT_UNTRUSTED = (ABSENT + " (an Oenuma of a namespace this node does not trust pins only pods its [numa] "
@@ -62,7 +72,7 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
             if not matched and (rule.namespace, rule.name) not in seen:
                 seen.add((rule.namespace, rule.name))
                 pods.append({"namespace": rule.namespace, "name": rule.name, "state": "Absent",
-                             "reason": ABSENT if rule.selects else ABSENT_UNTRUSTED})
+                             "reason": clip(ABSENT if rule.selects else ABSENT_UNTRUSTED, MAX_REASON)})
             for a in sorted(matched, key=lambda a: (a.namespace, a.name)):
                 if (a.namespace, a.name) in seen:
                     continue
@@ -74,7 +84,7 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
     if more > 0:
         pods = pods[:MAX_PODS]
         problems.append(f"{more} more pods not listed")
-    problems = problems[:MAX_PROBLEMS]
+    problems = [clip(p, MAX_TEXT) for p in problems[:MAX_PROBLEMS]]
     present = [p for p in pods if p["state"] != "Absent"]
     pinned = sum(1 for p in present if p["state"] == "Pinned")
     summary = f"{pinned}/{len(present)} pods pinned"
@@ -83,16 +93,16 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
         summary += f", {absent} absent"
     if cr.error:
         summary = "refused, skipped" if cr.refused else "malformed, skipped"
-        condition = ("False", "Refused" if cr.refused else "Malformed", cr.error)
+        condition = ("False", "Refused" if cr.refused else "Malformed", clip(cr.error, MAX_TEXT))
     elif pinned < len(present):
         states = {p["state"] for p in present}
         worst = next(st for st in ("Failed", "Pending", "Overridden") if st in states)
         condition = ("False", worst,
                      "; ".join(f"{p['namespace']}/{p['name']}: {p['state']} {p.get('reason', '')}".strip()
-                               for p in present if p["state"] != "Pinned")[:1000])
+                               for p in present if p["state"] != "Pinned")[:MAX_TEXT])
     elif problems:
         summary += f", {len(problems)} problems"
-        condition = ("False", "Refused" if cr.refusals else "EntriesDropped", "; ".join(problems)[:1000])
+        condition = ("False", "Refused" if cr.refusals else "EntriesDropped", "; ".join(problems)[:MAX_TEXT])
     else:
         condition = ("True", "Applied", summary)
     status, reason, message = condition
@@ -108,18 +118,24 @@ def _pod(a: Allocation, rule: PinRule, pool: CpuSet, winner: Optional[PinRule], 
     a trusted CR: the rule that comes first may be root's (a rule file's path, its
     patterns) and a failure's words may name other pods; a tenant's CR gets the state and
     a fixed reason (issue 33, L2)."""
-    out: Dict[str, Any] = {"namespace": a.namespace, "name": a.name, "uid": a.pod_uid,
-                           "numaNodes": list(a.nodes), "cpuset": str(a.cpus(pool)), "memset": str(a.mems)}
+    out: Dict[str, Any] = {"namespace": a.namespace, "name": a.name, "uid": clip(a.pod_uid, MAX_UID),
+                           "numaNodes": list(a.nodes)[:MAX_NUMA_LISTED], "cpuset": clip(str(a.cpus(pool)), MAX_SET),
+                           "memset": clip(str(a.mems), MAX_SET)}
     if winner != rule:
         who = winner.describe() if winner is not None and trusted else "another rule"
-        out.update(state="Overridden", reason=f"{who} comes first")
+        out.update(state="Overridden", reason=clip(f"{who} comes first", MAX_REASON))
     elif a.pod_uid in pending:
         out.update(state="Pending", reason="being re-pinned")
     elif a.source != "rule":
-        out.update(state="Failed", reason=(failure if trusted else "") or UNTOLD_FAILURE)
+        out.update(state="Failed", reason=clip((failure if trusted else "") or UNTOLD_FAILURE, MAX_REASON))
     else:
         out["state"] = "Pinned"
     return out
+
+
+def clip(text: str, most: int) -> str:
+    """``text``, or its first characters and ``...`` in ``most`` characters."""
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def apply_body(cr: CrRules, entry: Optional[Dict[str, Any]], node_name: str, now: str,

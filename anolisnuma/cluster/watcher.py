@@ -23,13 +23,12 @@ from typing import Any, Callable, Dict
 
 import structlog
 
-from anolisnuma.cluster.kube_client import ApiError, KubeClient, api_error
+from anolisnuma.cluster.kube_client import LIST_PAGE, ApiError, KubeClient, api_error
 from anolisnuma.cluster.oenumas import OenumaSet, resource_version
 from anolisnuma.controller import Controller
 
 log = structlog.get_logger("anolisnuma.cluster")
 
-LIST_PAGE = 500
 LIST_RESTARTS = 3      # a list whose continue token expired (410) is started again, this often
 BACKOFF_FIRST = 0.5
 IDLE_MARGIN = 30.0     # a watch silent this long past its timeoutSeconds is a dead connection

@@ -47,9 +47,9 @@ def test_events_past_the_burst_are_dropped_per_object(cluster: Cluster) -> None:
 
     rec = EventRecorder(KubeClient(load_kubeconfig(cluster.node_kubeconfig("n1")), 5.0), "n1", clock=lambda: 1000.0)
     about = oenuma_regarding("batch", "flood", "")
-    taken = [rec.record(Event(about, "Normal", "Test", "Test", f"n{i}")) for i in range(BURST + 5)]
+    taken = [rec.record(Event(about, "Warning", "OenumaRefused", "Refuse", f"n1: {i}")) for i in range(BURST + 5)]
     assert taken == [True] * BURST + [False] * 5 and rec.dropped_rate == 5
-    assert rec.record(Event(oenuma_regarding("batch", "other", ""), "Normal", "Test", "Test", "x"))
+    assert rec.record(Event(oenuma_regarding("batch", "other", ""), "Warning", "OenumaRefused", "Refuse", "n1: x"))
     assert rec.run_once() == BURST + 1 and rec.sent == BURST + 1, getattr(rec, "last_error", "")
 
 

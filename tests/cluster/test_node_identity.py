@@ -133,9 +133,12 @@ def test_a_node_may_publish_only_its_own_topology_object(cluster: Cluster) -> No
 
 def event(name: str, instance: str, regarding: Dict[str, str], controller: str = "anolisnuma.io/numa",
           **extra: Any) -> Dict[str, Any]:
+    """An event as the daemon makes one (a NUMA placement by default), its note
+    starting with the node's name (``instance`` less its ``anolisnuma-``)."""
     now = time.strftime("%Y-%m-%dT%H:%M:%S.000001Z", time.gmtime())
+    note = f"{instance[len('anolisnuma-'):]}: NUMA node 2, cpuset 4-5, memset 2, by balance"
     return dict({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name, "namespace": "batch"},
-                 "eventTime": now, "type": "Normal", "reason": "NumaPlaced", "action": "Place", "note": "x",
+                 "eventTime": now, "type": "Normal", "reason": "NumaPlaced", "action": "Place", "note": note,
                  "reportingController": controller, "reportingInstance": instance, "regarding": regarding}, **extra)
 
 
@@ -170,7 +173,8 @@ def test_a_node_may_make_and_count_only_its_own_events(cluster: Cluster) -> None
     # its own, about a pod or an Oenuma, and their series: allowed
     assert create(event(f"ea-{a}", f"anolisnuma-{a}", POD))[0] == 201
     cr = {"kind": "Oenuma", "apiVersion": "resource.sop.huawei.com/v1alpha1", "namespace": "batch", "name": "web"}
-    assert create(event(f"ec-{a}", f"anolisnuma-{a}", cr, controller="anolisnuma.io/qos"))[0] == 201
+    assert create(event(f"ec-{a}", f"anolisnuma-{a}", cr, reason="OenumaRefused", action="Refuse",
+                        type="Warning"))[0] == 201
     assert node_request(cluster.cp, a, "PATCH", f"{EVENTS}/ea-{a}", series, MERGE)[0] == 200
 
 

@@ -1,22 +1,26 @@
 """The watch loop against an API server that misbehaves in ways a real one will not on
 demand: replies that are not JSON, a watch event larger than any object, an endless line,
-an unknown event type, a list slower than the request timeout. A small HTTPS server of
+an unknown event type, a list slower than the request timeout, a reply compressed though
+the daemon asked for none. A small HTTPS server of
 the test's own stands in (the real one is in the other tests of this folder); the
 watcher's session (``run_once``) runs on the test's thread."""
 
 from __future__ import annotations
 
+import gzip
 import http.server
 import json
 import shutil
 import ssl
 import threading
 import time
+import tracemalloc
+import zlib
 from typing import Any, Callable, Dict, Iterator, List
 
 import pytest
 
-from anolisnuma.cluster.kube_client import MAX_EVENT_BYTES, KubeClient
+from anolisnuma.cluster.kube_client import MAX_EVENT_BYTES, ApiError, KubeClient
 from anolisnuma.cluster.kubeconfig import load_kubeconfig
 from anolisnuma.cluster.oenumas import OenumaSet
 from anolisnuma.cluster.watcher import OenumaWatcher
@@ -36,6 +40,7 @@ class Script:
         self.watch: Callable[[Any], None] = lambda h: h.reply(200, b"", chunks=events(
             {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "5"}}}))
         self.requests: List[str] = []
+        self.encodings: List[str] = []    # the Accept-Encoding of each request
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -45,10 +50,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
-    def reply(self, status: int, body: Any, chunks: Any = None) -> None:
+    def reply(self, status: int, body: Any, chunks: Any = None, encoding: str = "") -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        if encoding:
+            self.send_header("Content-Encoding", encoding)
         if chunks is None:
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -65,6 +72,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.script.requests.append(self.path)
+        self.script.encodings.append(self.headers.get("Accept-Encoding", ""))
         (self.script.watch if "watch=true" in self.path else self.script.list)(self)
 
 
@@ -182,3 +190,82 @@ def test_a_reply_nested_past_the_decoder_takes_the_backoff_too(server) -> None:
     w.resource_version = "5"
     w.run_once()
     assert w.failures_in_a_row == 2 and "RecursionError" in w.last_error and 1.0 * 0.8 <= w.interval <= 1.0 * 1.2
+
+
+def crs_list(size: int) -> bytes:
+    """A list of 8 Oenumas, ``size`` bytes of JSON in all (their annotations fill it)."""
+    pad = max(0, size // 8 - len(json.dumps(CR)) - 40)
+    items = [dict(CR, metadata=dict(CR["metadata"], name=f"cr-{i}", annotations={"pad": "x" * pad}))
+             for i in range(8)]
+    return json.dumps({"items": items, "metadata": {"resourceVersion": "5"}}).encode()
+
+
+def listed_with_peak(client: KubeClient) -> Any:
+    """(the CRs listed, or the ApiError; the peak of memory traced meanwhile)."""
+    tracemalloc.start()
+    try:
+        try:
+            got: Any = list(client.list_oenumas(500))
+        except ApiError as e:
+            got = e
+        return got, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_compressed_reply_is_bounded_by_its_decoded_size_and_memory_stays_bounded(server, tmp_path) -> None:
+    """Given a client whose reply bound is 4 MiB (the daemon's is 64 MiB: the same code,
+    a smaller test), when the server sends 32 MiB of JSON gzipped into a few tens of kB,
+    then the list is refused as garbage past the bound, and the memory it took stays near
+    what a reply within the bound takes."""
+    script, _, _ = server
+    bound = 4 << 20
+    client = KubeClient(load_kubeconfig(str(tmp_path / "kubeconfig")), timeout=10.0, max_reply_bytes=bound)
+    try:
+        within = crs_list(bound - (512 << 10))
+        script.list = lambda h: h.reply(200, within)
+        got, baseline = listed_with_peak(client)
+        assert [c["metadata"]["name"] for c in got] == [f"cr-{i}" for i in range(8)]
+
+        bomb = gzip.compress(crs_list(32 << 20), 9)
+        assert len(bomb) < bound // 16    # (what the wire carries: far under the bound)
+        script.list = lambda h: h.reply(200, bomb, encoding="gzip")
+        got, peak = listed_with_peak(client)
+        assert isinstance(got, ApiError) and got.reason == "Garbage", got
+        assert f"larger than {bound} bytes (decoded)" in got.message
+        assert peak < 1.5 * baseline, (peak, baseline)
+        assert set(script.encodings) == {"identity"}   # (asked for none: httpx's default asks gzip)
+    finally:
+        client.close()
+
+
+def test_a_compressed_reply_within_the_bound_still_lists_and_a_compressed_watch_line_is_bounded(server) -> None:
+    script, w, crs = server
+    listed = json.dumps({"items": [CR], "metadata": {"resourceVersion": "5"}}).encode()
+    script.list = lambda h: h.reply(200, zlib.compress(listed), encoding="deflate")
+    script.watch = lambda h: h.reply(200, b"", encoding="gzip", chunks=[gzip.compress(b"".join(events(
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "6"}}})))])
+    w.run_once()
+    assert w.state == "synced" and len(crs.mine()[1]) == 1 and w.resource_version == "6", w.last_error
+
+    # one line of 64 MiB, gzipped to a few tens of kB, as one chunk of the wire
+    endless = gzip.compress(b'{"type":"MODIFIED","object":"' + b"x" * (64 << 20), 9)
+    script.watch = lambda h: h.reply(200, b"", encoding="gzip", chunks=[endless])
+    w.run_once()
+    assert w.state == "down" and f"a watch event larger than {MAX_EVENT_BYTES} bytes" in w.last_error
+    assert len(crs.mine()[1]) == 1
+
+
+@pytest.mark.parametrize("encoding", ["br", "gzip, gzip", "compress"])
+def test_a_reply_in_an_encoding_not_decoded_here_is_garbage(server, encoding: str) -> None:
+    script, w, crs = server
+    script.list = lambda h: h.reply(200, b"\x00" * 64, encoding=encoding)
+    w.run_once()
+    assert w.state == "down" and "Garbage" in w.last_error and "Content-Encoding" in w.last_error, w.last_error
+
+
+def test_corrupt_gzip_is_garbage(server) -> None:
+    script, w, crs = server
+    script.list = lambda h: h.reply(200, gzip.compress(b'{"items": []}')[:12] + b"junkjunk", encoding="gzip")
+    w.run_once()
+    assert w.state == "down" and "Garbage" in w.last_error and "does not decode" in w.last_error, w.last_error
