@@ -22,8 +22,9 @@ as the kubelet's), the CRI call otherwise.
 
 Who can write to this input: containerd, root, on a root-only socket; the wire layer
 (``session.py``) bounds what a faulty peer can make us hold. A socket that someone but root
-could replace (it, or a directory above it, owned or writable by another user) is not
-connected to: that user could listen there in containerd's place.
+could replace (it, a directory above it or a link on the way, owned or writable by another
+user) is not connected to, nor one a process of another user listens on: that user could
+listen there in containerd's place (``door.py``).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from google.protobuf.message import DecodeError
 
 from anolisnuma.controller import Controller
 from anolisnuma.cri.grpcwire import STATUS_CODES
-from anolisnuma.nri import translate
+from anolisnuma.nri import door, translate
 from anolisnuma.nri.session import NriRequestError, NriSession
-from anolisnuma.trusted_file import unsafe_along
+from anolisnuma.trusted_file import UntrustedFile
 from nri_proto import api_pb2 as nri
 
 log = structlog.get_logger("anolisnuma.nri")
@@ -73,9 +74,10 @@ class NriPlugin(Controller):
         self.runtime = ""            # "containerd v2.2.7", from Configure
         self.request_timeout_ms = 0  # containerd's plugin_request_timeout, from Configure
         self.last_disconnect = ""
-        self.n: Dict[str, int] = {"connects": 0, "registrations": 0, "disconnects": 0, "connect_failures": 0,
-                                  "connect_refused_untrusted": 0, "synchronizes": 0, "events": 0, "events_refused": 0, "events_failed": 0,
-                                  "updates_sent": 0, "updates_failed": 0, "updates_via_cri": 0}
+        self.n: Dict[str, int] = dict.fromkeys((
+            "connects", "registrations", "disconnects", "connect_failures", "connect_refused_untrusted",
+            "connect_refused_peer", "synchronizes", "events", "events_refused", "events_failed",
+            "updates_sent", "updates_failed", "updates_via_cri"), 0)
         self._handlers: Dict[str, Any] = {
             "Configure": (nri.ConfigureRequest, self._configure),
             "Synchronize": (nri.SynchronizeRequest, self._synchronize),
@@ -100,23 +102,24 @@ class NriPlugin(Controller):
         """Connect, register, serve until the connection ends."""
         cfg = self.config
         try:
-            unsafe = unsafe_along(cfg.socket)
-        except OSError as e:
-            unsafe = None
-            log.debug("NRI socket path not checked", error=str(e))
-        if unsafe is not None:
+            # (door.py: the path checked and connected to in one walk, and the peer's uid)
+            sock = door.connect(cfg.socket, REGISTRATION_TIMEOUT)
+        except UntrustedFile as e:
             # whoever may change it may listen there in containerd's place and tell us of
             # pods that are not there: we do not connect
             self.n["connect_refused_untrusted"] += 1
-            self._back_off("not connected: " + unsafe.describe("another user could listen there in containerd's "
-                                                              "place"))
+            self._back_off("not connected: " + e.unsafe.describe("another user could listen there in containerd's "
+                                                                "place"))
             return
-        try:
-            session = NriSession.connect(cfg.socket, self._handle, timeout=REGISTRATION_TIMEOUT, log=log)
+        except door.UntrustedPeer as e:
+            self.n["connect_refused_peer"] += 1
+            self._back_off(f"not connected: {e}")
+            return
         except OSError as e:
             self.n["connect_failures"] += 1
             self._back_off(f"cannot connect to {cfg.socket}: {e.strerror or e}")
             return
+        session = NriSession(sock, self._handle, log=log)
         self.n["connects"] += 1
         with self._lock:
             if self._stopping:

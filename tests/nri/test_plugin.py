@@ -279,3 +279,100 @@ def test_a_socket_another_user_could_replace_is_not_connected_to(tmp_path, how):
     finally:
         plugin.stop()
         runtime.close()
+
+
+NOBODY = 65534
+
+# Binds as root (the socket's file is root's, 0600 in a root-only directory: the path check
+# passes), then listens as nobody: the kernel's SO_PEERCRED names nobody.
+LISTEN_AS_NOBODY = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+os.chmod(sys.argv[1], 0o600)
+os.setgid(65534); os.setuid(65534)
+s.listen(8)
+print("listening", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_listener_that_is_not_root_behind_a_root_owned_socket_is_refused(tmp_path):
+    """The socket's file says who bound it; only the kernel says who listens: a process of
+    another user there would tell the plugin of pods that are not there."""
+    import subprocess
+    import sys
+
+    # given containerd's socket path, root's, listened on by a process running as nobody
+    d = tmp_path / "nri"
+    d.mkdir()
+    path = str(d / "nri.sock")
+    impostor = subprocess.Popen([sys.executable, "-c", LISTEN_AS_NOBODY, path], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    runtime = None
+    try:
+        assert impostor.stdout.readline() == "listening\n" and os.stat(path).st_uid == 0
+        # when the plugin connects
+        plugin.start()
+        plugin.wake()
+        # then it is refused on the peer's uid, said with the path and the fix, counted, and
+        # tried again after the backoff
+        wait_until(lambda: plugin.n.get("connect_refused_peer", 0) >= 2, "refused, and again after the backoff")
+        assert plugin.n["registrations"] == 0 and plugin.n["connects"] == 0
+        assert (f"not connected: {path} is listened on by pid {impostor.pid}, running as uid {NOBODY}, not root"
+                in plugin.last_error)
+        assert f"fix: stop process {impostor.pid}" in plugin.last_error
+        # and once containerd's own socket is there, it connects
+        impostor.stdin.close()
+        impostor.wait(30)
+        os.unlink(path)
+        runtime = FakeNriRuntime(path).start()
+        assert runtime.registered.wait(10)
+    finally:
+        plugin.stop()
+        if impostor.poll() is None:
+            impostor.kill()
+            impostor.wait(30)
+        if runtime is not None:
+            runtime.close()
+
+
+def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path):
+    """A sticky directory (as /tmp) on the way: root's link there is followed, and another
+    user's, swapped in while the plugin was away, is refused even though it leads to the
+    same root-only directory: its owner could point it elsewhere between a check and the
+    connect (the plugin connects to what it judged, through /proc/self/fd)."""
+    # given shared/nri (a root-owned link in a sticky directory) -> real/, where the runtime is
+    real, shared = tmp_path / "real", tmp_path / "shared"
+    real.mkdir()
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    os.symlink(real, shared / "nri")
+    path = str(shared / "nri" / "nri.sock")
+    runtime = FakeNriRuntime(str(real / "nri.sock")).start()
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    plugin.start()
+    plugin.wake()
+    again = None
+    try:
+        assert runtime.registered.wait(10)   # root's link: followed
+        # when the runtime goes and another user's link takes the place of root's
+        runtime.close()
+        wait_until(lambda: plugin.n["disconnects"] == 1, "the disconnect seen")
+        os.unlink(shared / "nri")
+        os.symlink(real, shared / "nri")
+        os.lchown(shared / "nri", NOBODY, NOBODY)
+        again = FakeNriRuntime(str(real / "nri.sock")).start()
+        # then the plugin does not connect through it, says where and the fix, and retries
+        wait_until(lambda: plugin.n["connect_refused_untrusted"] >= 2, "refused, and again after the backoff")
+        assert not again.connected.is_set() and plugin.n["connects"] == 1
+        assert (f"{shared / 'nri'} (above {path}) is a symbolic link owned by uid {NOBODY}, not root: another user "
+                f"could listen there in containerd's place; fix: chown -h root {shared / 'nri'}") in plugin.last_error
+        os.lchown(shared / "nri", 0, 0)   # fixed: it connects on its next attempt
+        assert again.registered.wait(10)
+    finally:
+        plugin.stop()
+        for rt in (runtime, again):
+            if rt is not None:
+                rt.close()
