@@ -376,3 +376,100 @@ def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path):
         for rt in (runtime, again):
             if rt is not None:
                 rt.close()
+
+
+@pytest.fixture
+def real_front_end(tmp_path) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, List[int]]]:
+    """The plugin with the real front-end (the interception pipeline on its own loop, no
+    hooks), registered with the fake runtime; ``synced`` counts the resyncs asked."""
+    import asyncio
+
+    from anolisnuma.config import HooksConfig
+    from anolisnuma.nri.frontend import NriFrontEnd
+    from anolisnuma.pipeline.interceptor import Interceptor
+    from anolisnuma.state.store import Store
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    ic = Interceptor([], HooksConfig(), Store())
+    runtime = FakeNriRuntime(str(tmp_path / "nri.sock")).start()
+    synced: List[int] = []
+    plugin = NriPlugin(NriConfig(enabled=True, socket=runtime.path, reconnect_max_seconds=0.5),
+                       NriFrontEnd(ic, loop, timeout=5.0), on_synchronize=lambda: synced.append(1))
+    plugin.start()
+    plugin.wake()
+    try:
+        assert runtime.registered.wait(10)
+        yield runtime, plugin, synced
+    finally:
+        plugin.stop()
+        runtime.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        ic.executor.shutdown(wait=False)
+
+
+def create(runtime: FakeNriRuntime, cid: str, shares: int = 0) -> Any:
+    pod = nri.PodSandbox(id="sb1", uid="u1", name="web", namespace="ns")
+    ctr = nri.Container(id=cid, pod_sandbox_id="sb1", name=cid)
+    if shares:
+        ctr.linux.resources.cpu.shares.value = shares
+    return runtime.call_plugin("CreateContainer", nri.CreateContainerRequest(pod=pod, container=ctr),
+                               nri.CreateContainerResponse)
+
+
+def failures(logs: List[dict]) -> List[dict]:
+    return [e for e in logs if e["log_level"] in ("error", "warning", "critical")]
+
+
+@pytest.mark.parametrize("how", ["MemoryError", "OverflowError", "RecursionError", "crafted: shares above int64"])
+def test_an_event_whose_handling_raises_is_answered_alone_and_the_session_goes_on(real_front_end, monkeypatch,
+                                                                                   how):
+    """H1 through NRI: a peer's event that makes the translation (or anything after it) run
+    out of memory, overflow or recurse too deep costs that event an error answer, one log
+    line and a count, and nothing else."""
+    from structlog.testing import capture_logs
+
+    runtime, plugin, _ = real_front_end
+    # given an event whose translation raises
+    if how.startswith("crafted"):
+        shares = 2 ** 64 - 1   # NRI's uint64; the kubelet's CRI field is an int64: ValueError
+        error = "ValueError"
+    else:
+        def boom(*_args: Any) -> Any:
+            raise {"MemoryError": MemoryError, "OverflowError": OverflowError,
+                   "RecursionError": RecursionError}[how]("from the test")
+        monkeypatch.setattr("anolisnuma.nri.translate.create_container", boom)
+        shares, error = 0, how
+    # when containerd sends it
+    with capture_logs() as logs:
+        with pytest.raises(NriRequestError) as e:
+            create(runtime, "bad", shares)
+    # then that request is answered with an error, as ttrpc answers a handler's, in one log
+    # line (no traceback) and one count
+    assert e.value.code == 13 and e.value.message == f"anolisnuma failed to handle CreateContainer ({error})"
+    (line,) = failures(logs)
+    assert line["event"] == "NRI: a request failed; answered with an error, the session goes on"
+    assert (line["method"], line["error"]) == ("CreateContainer", error) and "exc_info" not in line
+    assert plugin.counts()["events_failed"] == 1
+    # and the next event on the same session works
+    monkeypatch.undo()
+    assert create(runtime, "good").adjust == nri.ContainerAdjustment()   # (no hooks: nothing to adjust)
+    assert plugin.connected and plugin.n["connects"] == 1 and plugin.n["events"] == 2
+
+
+def test_a_request_other_than_an_event_that_raises_is_counted_too(real_front_end):
+    runtime, plugin, synced = real_front_end
+    # given a resync that cannot even be asked for
+    plugin.on_synchronize = lambda: (_ for _ in ()).throw(RecursionError("maximum recursion depth exceeded"))
+    # when containerd synchronizes
+    with pytest.raises(NriRequestError) as e:
+        runtime.call_plugin("Synchronize", nri.SynchronizeRequest(), nri.SynchronizeResponse)
+    # then the request is answered with an error and counted
+    assert e.value.code == 13 and "Synchronize (RecursionError)" in e.value.message
+    assert plugin.counts()["requests_failed"] == 1 and plugin.counts()["events_failed"] == 0
+    # and the session goes on
+    plugin.on_synchronize = lambda: synced.append(1)
+    runtime.call_plugin("Synchronize", nri.SynchronizeRequest(), nri.SynchronizeResponse)
+    assert synced == [1] and plugin.connected
