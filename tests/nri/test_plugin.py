@@ -98,6 +98,10 @@ def setup(tmp_path) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, Recorder, List[
     plugin.wake()
     try:
         assert runtime.registered.wait(10)
+        # registered on the plugin's side too: the runtime notes the call before it answers,
+        # and a test that closes the runtime in between would see a failed registration,
+        # not a disconnect
+        wait_until(lambda: plugin.n["registrations"] == 1, "the plugin registered")
         yield runtime, plugin, fe, synced, cri_client
     finally:
         plugin.stop()
@@ -357,6 +361,7 @@ def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path):
     again = None
     try:
         assert runtime.registered.wait(10)   # root's link: followed
+        wait_until(lambda: plugin.n["registrations"] == 1, "the plugin registered")   # (as in setup)
         # when the runtime goes and another user's link takes the place of root's
         runtime.close()
         wait_until(lambda: plugin.n["disconnects"] == 1, "the disconnect seen")
