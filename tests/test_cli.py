@@ -190,9 +190,10 @@ def test_check_config_warns_of_a_credential_others_may_read_as_the_daemon_does(t
     r = run_cli(["-c", config, "--check-config"])
     # then it is valid, with the daemon's own warning
     assert r.returncode == 0 and "valid" in r.stdout, r.stderr
-    assert about_kubernetes(r.stderr) == (f"anolisnuma: warning: kubernetes.kubeconfig: {kubeconfig} holds a credential and is "
-                        f"readable by every user (mode 0644): whoever reads it may act as this node on the API "
-                        f"server; fix: chmod go-r {kubeconfig} (and remove the ACL entry, if one grants it)\n")
+    assert about_kubernetes(r.stderr) == (
+        f"anolisnuma: warning: kubernetes.kubeconfig: {kubeconfig} holds a credential and is readable by every user "
+        f"(mode 0644): whoever reads it may act as this node on the API server; fix: chmod go-r {kubeconfig} (and "
+        f"remove the ACL entry, if one grants it)\n")
 
 
 def test_check_config_refuses_a_kubeconfig_the_daemon_refuses_at_start(tmp_path):

@@ -289,8 +289,8 @@ class NriSession:
                       item.stream_id, failed)
 
     def _failure(self, counter: str, what: str, sid: int, error: str, method: str = "") -> None:
-        """Answer stream ``sid`` INTERNAL for a request that failed here (``error``: the
-        exception's type), then log one line, count ``counter``, call ``on_failure``."""
+        """Count ``counter`` and answer stream ``sid`` INTERNAL for a request that failed
+        here (``error``: the exception's type), then log one line and call ``on_failure``."""
         self._count(counter)
         self._answer(sid, INTERNAL, f"plugin failed to {'handle ' + method if method else 'read the request'} "
                                     f"({error})")
