@@ -31,10 +31,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"anolisnuma: invalid configuration: {e}", file=sys.stderr)
         return EXIT_CONFIG
     if args.check_config:
-        from anolisnuma.preflight import config_warnings
+        from anolisnuma.preflight import config_warnings, credential_warnings
 
         for warning in config_warnings(config):
             print(f"anolisnuma: warning: {warning}", file=sys.stderr)
+        try:
+            # the credentials by the daemon's own checks: what it would refuse is an error here
+            for warning in credential_warnings(config):
+                print(f"anolisnuma: warning: {warning}", file=sys.stderr)
+        except ConfigError as e:
+            print(f"anolisnuma: invalid configuration: {e}", file=sys.stderr)
+            return EXIT_CONFIG
         print(f"anolisnuma: {args.config} is valid")
         return 0
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Callable, Optional
 
 MIB = 1 << 20
 
@@ -37,17 +36,14 @@ class RefusedFile(Exception):
         self.problem = problem
 
 
-def read_regular_file(path: str, limit: int, follow_symlinks: bool = True,
-                      on_open: Optional[Callable[[os.stat_result], None]] = None) -> bytes:
+def read_regular_file(path: str, limit: int, follow_symlinks: bool = True) -> bytes:
     """The content of the regular file at ``path``, at most ``limit`` bytes.
 
     Raises :class:`RefusedFile` when it is not a regular file (with ``follow_symlinks``
     false, also when it is a symbolic link) or holds more than ``limit`` bytes; OSError
     when it cannot be opened or read (FileNotFoundError when there is nothing there).
-    ``on_open`` is given the ``fstat`` of what was opened, before a byte is read (a
-    caller's own checks of owner and mode; what it raises goes through).
     """
-    _check(path, os.stat(path) if follow_symlinks else os.lstat(path), limit)
+    check_regular(path, os.stat(path) if follow_symlinks else os.lstat(path), limit)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
         fd = os.open(path, flags if follow_symlinks else flags | os.O_NOFOLLOW)
@@ -56,19 +52,24 @@ def read_regular_file(path: str, limit: int, follow_symlinks: bool = True,
             raise RefusedFile(path, "a symbolic link") from None
         raise
     try:
-        st = os.fstat(fd)
-        _check(path, st, limit)
-        if on_open is not None:
-            on_open(st)
-        data = _read_at_most(fd, limit + 1)
+        return read_opened(path, fd, limit)
     finally:
         os.close(fd)
+
+
+def read_opened(path: str, fd: int, limit: int) -> bytes:
+    """The content of the regular file open at ``fd`` (``path`` names it in messages), at
+    most ``limit`` bytes, checked on the descriptor first. Raises :class:`RefusedFile` or
+    OSError, as :func:`read_regular_file`."""
+    check_regular(path, os.fstat(fd), limit)
+    data = _read_at_most(fd, limit + 1)
     if len(data) > limit:
         raise RefusedFile(path, f"larger than {_size(limit)}")
     return data
 
 
-def _check(path: str, st: os.stat_result, limit: int) -> None:
+def check_regular(path: str, st: os.stat_result, limit: int) -> None:
+    """:class:`RefusedFile` unless ``st`` is a regular file of at most ``limit`` bytes."""
     if not stat.S_ISREG(st.st_mode):
         kind = next((name for test, name in _KINDS if test(st.st_mode)), "something else")
         raise RefusedFile(path, f"not a regular file ({kind})")

@@ -60,6 +60,22 @@ def read_acl(path: str, which: str = ACCESS) -> List[AclEntry]:
     return parse(data)
 
 
+def read_acl_fd(fd: int, which: str = ACCESS) -> List[AclEntry]:
+    """The entries of the ACL of what descriptor ``fd`` is open on (an ``O_PATH`` one too,
+    which ``fgetxattr`` refuses: read through ``/proc/self/fd``); [] when it has none.
+    Raises OSError when it cannot be read, /proc not mounted included: an ACL that
+    cannot be looked at is not taken for none."""
+    try:
+        data = os.getxattr(f"/proc/self/fd/{fd}", which)
+    except OSError as e:
+        if e.errno in _NONE and e.errno != errno.ENOENT:
+            return []
+        if e.errno == errno.ENOENT and not os.path.isdir("/proc/self/fd"):
+            raise OSError(e.errno, "/proc is not mounted: POSIX ACLs cannot be read") from None
+        raise
+    return parse(data)
+
+
 def named_grants(entries: Iterable[AclEntry], perm: int, trusted_uids: Iterable[int] = (0,),
                  trusted_gids: Iterable[int] = (0,)) -> List[str]:
     """The named users and groups (``"uid 1000"``, ``"gid 50"``) that ``entries`` grant

@@ -48,6 +48,26 @@ def config_warnings(config: Config) -> List[str]:
     return out
 
 
+def credential_warnings(config: Config) -> List[str]:
+    """What ``--check-config`` says of the credentials ``[kubernetes]`` names, checked by the
+    code the daemon checks them with at start (``cluster/kubeconfig.py``: the kubeconfig and
+    every file it names): each secret others may read, as a warning. Raises ConfigError
+    (``kubernetes.kubeconfig``) for a kubeconfig the daemon would refuse (a file others may
+    write, behind another user's link, missing, not one): the daemon would start, but
+    without the API server link, which is what the operator asked for."""
+    k = config.kubernetes
+    if k is None or not k.enabled:
+        return []
+    from anolisnuma.cluster.kubeconfig import KubeconfigError, load_kubeconfig
+
+    try:
+        kubeconfig = load_kubeconfig(k.kubeconfig)
+    except KubeconfigError as e:
+        raise ConfigError("kubernetes.kubeconfig", f"unusable, the daemon would run without the API server link: "
+                                                   f"{e}") from None
+    return [f"kubernetes.kubeconfig: {warning}" for warning in kubeconfig.warnings]
+
+
 def check_writable_paths(config: Config) -> None:
     """Create the directories the daemon writes to; ConfigError naming the key of the
     first that cannot be created or written."""

@@ -7,13 +7,24 @@ sending the node's token elsewhere, a ``tokenFile`` naming ``/etc/shadow``, a ru
 every pod). So each must be changeable by root (or the daemon's own user) alone: owned by
 it, writable by no group but root's and by nobody else, by the mode bits and by any POSIX
 ACL entry (:mod:`anolisnuma.posix_acl`); a directory above may be writable by all only with
-the sticky bit (``/tmp``), where nobody may rename what is not theirs. The path is looked
-at as written and as it resolves: a symbolic link on the way leads elsewhere.
+the sticky bit (``/tmp``), where nobody may rename what is not theirs.
 
-:func:`read_trusted_file` reads such a file as :mod:`anolisnuma.fileread` reads the
-configuration (a regular file only, opened without blocking, bounded), checks the owner
-and mode again on what it opened, and says who else may read it, so that a caller holding
+:func:`open_trusted` and :func:`read_trusted_file` judge a path without a window between
+the check and the use (:mod:`anolisnuma.system.pathwalk`): each component is opened from
+the descriptor of the directory before it and judged on what was opened, and a symbolic
+link on the way is followed only when root (or the daemon's user) owns it. Its directory
+was judged first, so nobody else may replace it, and a link's target cannot be changed:
+root's links are followed as kubeadm and the kubelet make them (to rotated certificates),
+another user's, who could point it elsewhere at any moment, are refused. A stat of the path
+then an open of it would give a user who owns a link or may write a directory on the way
+the moment in between. :func:`read_trusted_file` reads what the walk led to as
+:mod:`anolisnuma.fileread` reads the configuration (a regular file only, never a device
+opened, without blocking, bounded) and says who else may read it, so that a caller holding
 a secret can warn. Nothing here logs, and no message carries a byte of the file.
+
+:func:`unsafe_along` looks at a path by name, on the path as written and as it resolves:
+for the directories the daemon creates its own files in (the preflight, the listener),
+which it makes and opens itself.
 
 Standard library only (the preflight uses it before logging is set up).
 """
@@ -26,7 +37,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, List, Optional, Tuple
 
 from anolisnuma import posix_acl
-from anolisnuma.fileread import RefusedFile, read_regular_file
+from anolisnuma.fileread import RefusedFile, check_regular, read_opened
+from anolisnuma.system.pathwalk import Walked, walk
 
 SWAP = "whoever may write there may swap what the daemon reads as root"
 
@@ -81,7 +93,9 @@ def who_may_change(path: str, above: bool, creates: bool = False) -> Optional[Tu
     return _unsafe_stat(path, st, above, creates)
 
 
-def _unsafe_stat(path: str, st: os.stat_result, above: bool, creates: bool = False) -> Optional[Tuple[str, str]]:
+def _unsafe_stat(path: str, st: os.stat_result, above: bool, creates: bool = False,
+                 acl: Optional[Callable[[str], List[posix_acl.AclEntry]]] = None) -> Optional[Tuple[str, str]]:
+    """``acl(which)``: the entries of ``path``'s ACL ``which``; read by ``path`` by default."""
     mode = stat.S_IMODE(st.st_mode)
     if st.st_uid not in (0, os.geteuid()):
         return f"owned by uid {st.st_uid}, not root", "chown root"
@@ -90,11 +104,12 @@ def _unsafe_stat(path: str, st: os.stat_result, above: bool, creates: bool = Fal
     if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and st.st_gid != 0):
         who = "every user" if mode & stat.S_IWOTH else f"group {st.st_gid}"
         return f"writable by {who} (mode {mode:04o})", "chmod go-w"
-    writers = _acl_grants(path, posix_acl.ACCESS, posix_acl.WRITE)
+    read_acl = acl or (lambda which: posix_acl.read_acl(path, which))
+    writers = _grants(read_acl(posix_acl.ACCESS), posix_acl.WRITE)
     if writers:
         return f"writable by {', '.join(writers)} through a POSIX ACL", f"setfacl -x {_acl_spec(writers)}"
     if creates and stat.S_ISDIR(st.st_mode):
-        writers = _acl_grants(path, posix_acl.DEFAULT, posix_acl.WRITE)
+        writers = _grants(read_acl(posix_acl.DEFAULT), posix_acl.WRITE)
         if writers:
             return (f"given a default POSIX ACL that makes what the daemon creates there writable by "
                     f"{', '.join(writers)}", f"setfacl -d -x {_acl_spec(writers)}")
@@ -111,15 +126,16 @@ def unsafe_along(path: str, creates: bool = False) -> Optional[Unsafe]:
     return None
 
 
-def readers(path: str, st: os.stat_result) -> Optional[str]:
-    """Who but root and the owner may read the file (``"every user (mode 0644)"``,
-    ``"group 50 (mode 0640)"``, ``"uid 1000 through a POSIX ACL"``), or None."""
+def readers(st: os.stat_result, fd: int) -> Optional[str]:
+    """Who but root and the owner may read the file open at ``fd`` (``st``: its fstat):
+    ``"every user (mode 0644)"``, ``"group 50 (mode 0640)"``, ``"uid 1000 through a POSIX
+    ACL"``, or None."""
     mode = stat.S_IMODE(st.st_mode)
     if mode & stat.S_IROTH:
         return f"every user (mode {mode:04o})"
     if mode & stat.S_IRGRP and st.st_gid != 0:
         return f"group {st.st_gid} (mode {mode:04o})"
-    named = _acl_grants(path, posix_acl.ACCESS, posix_acl.READ)
+    named = _grants(posix_acl.read_acl_fd(fd, posix_acl.ACCESS), posix_acl.READ)
     return f"{', '.join(named)} through a POSIX ACL" if named else None
 
 
@@ -129,19 +145,31 @@ class TrustedFile:
     readers: Optional[str]    # who else may read it (see :func:`readers`), for a secret's warning
 
 
+def open_trusted(path: str) -> Walked:
+    """What ``path`` names, walked to when only root may change it: every directory on the
+    way (as walked, links resolved), every symbolic link followed, and the object itself
+    (see the module's docstring). The caller closes what it gets (a context manager), and
+    uses it rather than the path: :attr:`Walked.proc_path` to connect, the descriptor to
+    read. Raises :class:`UntrustedFile` naming the first component someone else may change,
+    or OSError (FileNotFoundError naming the component that is not there)."""
+    return walk(path, _judge(os.path.abspath(path)))
+
+
 def read_trusted_file(path: str, limit: int) -> TrustedFile:
-    """The content of ``path`` when only root may change it (along its path too), a
+    """The content of ``path`` when only root may change it (:func:`open_trusted`), a
     regular file of at most ``limit`` bytes. Raises :class:`UntrustedFile`, RefusedFile
     (not a regular file, too large) or OSError (FileNotFoundError when absent)."""
-    try:
-        unsafe = unsafe_along(path)
-    except FileNotFoundError:
-        unsafe = None   # (read_regular_file says it is not there)
-    if unsafe is not None:
-        raise UntrustedFile(unsafe)
-    opened: List[os.stat_result] = []
-    data = read_regular_file(path, limit, on_open=_checked(path, opened))
-    return TrustedFile(data, readers(path, opened[0]))
+    with open_trusted(path) as walked:
+        check_regular(path, walked.st, limit)   # before it is opened: a device is never opened
+        # Reopened through /proc/self/fd, not by its name: the very file judged, without
+        # looking at any directory again. Without blocking: nothing but a regular file gets
+        # here, but this must stay so whatever is added above.
+        fd = os.open(walked.proc_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        try:
+            data = read_opened(path, fd, limit)
+            return TrustedFile(data, readers(os.fstat(fd), fd))
+        finally:
+            os.close(fd)
 
 
 def read_trusted_or(path: str, limit: int, fail: Callable[[str], Exception]) -> TrustedFile:
@@ -156,18 +184,23 @@ def read_trusted_or(path: str, limit: int, fail: Callable[[str], Exception]) -> 
         raise fail(f"{path}: {e.strerror}") from None
 
 
-def _checked(path: str, opened: List[os.stat_result]) -> Callable[[os.stat_result], None]:
-    """What the file opened must be as well (not only what the path named a moment before)."""
-    def check(st: os.stat_result) -> None:
-        problem = _unsafe_stat(path, st, above=False)
+def _judge(path: str) -> Callable[[str, os.stat_result, int, bool], None]:
+    """The walk's check for :func:`open_trusted` of ``path``."""
+    def judge(at: str, st: os.stat_result, fd: int, above: bool) -> None:
+        if stat.S_ISLNK(st.st_mode):
+            # Its directory was judged before it: nobody but root may replace it, or (sticky)
+            # nobody but its owner; its target is fixed at its making. So its owner is all.
+            problem = None if st.st_uid in (0, os.geteuid()) else (
+                f"a symbolic link owned by uid {st.st_uid}, not root", "chown -h root")
+        else:
+            problem = _unsafe_stat(at, st, above, acl=lambda which: posix_acl.read_acl_fd(fd, which))
         if problem is not None:
-            raise UntrustedFile(Unsafe(path, path, False, *problem))
-        opened.append(st)
-    return check
+            raise UntrustedFile(Unsafe(path, at, above and at != path, *problem))
+    return judge
 
 
-def _acl_grants(path: str, which: str, perm: int) -> List[str]:
-    return posix_acl.named_grants(posix_acl.read_acl(path, which), perm, trusted_uids={0, os.geteuid()})
+def _grants(entries: List[posix_acl.AclEntry], perm: int) -> List[str]:
+    return posix_acl.named_grants(entries, perm, trusted_uids={0, os.geteuid()})
 
 
 def _acl_spec(who: List[str]) -> str:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from anolisnuma import __version__
@@ -156,3 +158,58 @@ def test_check_config_warns_when_the_runtime_endpoint_is_no_socket(tmp_path):
         path = write_config(str(tmp_path / "ok.toml"), config_dict(str(tmp_path), sock_path))
         r = run_cli(["-c", path, "--check-config"])
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def kubeconfig_config(tmp_path) -> "tuple[str, str]":
+    """(configuration file, kubeconfig): the kubeconfig holds its token inline, 0600, root's."""
+    from anolisnuma.cluster.kubeconfig import render_kubeconfig
+
+    kube = tmp_path / "kube"
+    kube.mkdir()
+    kubeconfig = kube / "kubeconfig"
+    kubeconfig.write_text(render_kubeconfig("https://10.0.0.1:6443", "-----BEGIN CERTIFICATE-----\nMIIB\n"
+                                            "-----END CERTIFICATE-----\n", token="a-token"))
+    os.chmod(kubeconfig, 0o600)
+    data = config_dict(str(tmp_path), "/run/containerd/containerd.sock",
+                       extra={"kubernetes": {"kubeconfig": str(kubeconfig)}})
+    return write_config(str(tmp_path / "c.toml"), data), str(kubeconfig)
+
+
+def about_kubernetes(stderr: str) -> str:
+    """The lines of ``stderr`` about ``[kubernetes]`` (the runtime endpoint's is not there)."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if "kubernetes." in line)
+
+
+def test_check_config_warns_of_a_credential_others_may_read_as_the_daemon_does(tmp_path):
+    # given a kubeconfig the daemon would use, and one it would use with a warning
+    config, kubeconfig = kubeconfig_config(tmp_path)
+    r = run_cli(["-c", config, "--check-config"])
+    assert r.returncode == 0 and about_kubernetes(r.stderr) == "", r.stderr
+    os.chmod(kubeconfig, 0o644)
+    # when the configuration is checked
+    r = run_cli(["-c", config, "--check-config"])
+    # then it is valid, with the daemon's own warning
+    assert r.returncode == 0 and "valid" in r.stdout, r.stderr
+    assert about_kubernetes(r.stderr) == (
+        f"anolisnuma: warning: kubernetes.kubeconfig: {kubeconfig} holds a credential and is readable by every user "
+        f"(mode 0644): whoever reads it may act as this node on the API server; fix: chmod go-r {kubeconfig} (and "
+        f"remove the ACL entry, if one grants it)\n")
+
+
+def test_check_config_refuses_a_kubeconfig_the_daemon_refuses_at_start(tmp_path):
+    """The repro of the issue: another user's kubeconfig, mode 0666, passed --check-config;
+    the daemon then starts without the API server link."""
+    # given a kubeconfig another user owns, that every user may write
+    config, kubeconfig = kubeconfig_config(tmp_path)
+    os.chown(kubeconfig, 65534, 65534)
+    os.chmod(kubeconfig, 0o666)
+    # when the configuration is checked
+    r = run_cli(["-c", config, "--check-config"])
+    # then it fails, naming the key, the file and the fix, in one line
+    assert r.returncode == 2, r.stdout
+    said = about_kubernetes(r.stderr)
+    assert said.startswith(f"anolisnuma: invalid configuration: kubernetes.kubeconfig: unusable, the daemon would "
+                           f"run without the API server link: {kubeconfig} is not safe to trust: {kubeconfig} is "
+                           f"owned by uid 65534, not root")
+    assert f"fix: chown root {kubeconfig}" in said and said.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "valid" not in r.stdout

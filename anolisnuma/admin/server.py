@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import struct
 from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 import structlog
 
 from anolisnuma.admin import protocol
+from anolisnuma.system.peercred import peer_credentials
 from anolisnuma.transport.listener import UnixListener
 
 log = structlog.get_logger("anolisnuma.admin")
@@ -136,12 +135,5 @@ class AdminServer:
 
 def _peer(writer: asyncio.StreamWriter) -> Tuple[Optional[int], Optional[int]]:
     """(pid, uid) of the connected process, or (None, None) where the kernel does not say."""
-    sock = writer.get_extra_info("socket")
-    peercred = getattr(socket, "SO_PEERCRED", None)
-    if sock is None or peercred is None:
-        return None, None
-    try:
-        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
-    except OSError:
-        return None, None
-    return pid, uid
+    cred = peer_credentials(writer.get_extra_info("socket"))
+    return (None, None) if cred is None else (cred.pid, cred.uid)

@@ -11,9 +11,10 @@ any server: they are refused, naming the key.
 The kubeconfig and every file it names (``certificate-authority``, ``client-certificate``,
 ``client-key``, ``tokenFile``) are read like the configuration, by
 :func:`anolisnuma.trusted_file.read_trusted_file`: a regular file only (a FIFO there
-cannot block the start), of bounded size, that only root may change, along its path too
-(one another user may write is refused: whoever may write it decides where the node's
-token goes, or which file is sent as one). A file holding a secret (a token, a private
+cannot block the start), of bounded size, that only root may change, along its path too,
+and reached through no symbolic link another user owns (one another user may write or
+point elsewhere is refused: whoever may decides where the node's token goes, or which file
+is sent as one); checked and read in one walk, without a moment in between for a swap. A file holding a secret (a token, a private
 key; the kubeconfig when one is inline) that others may read is used, with a warning
 naming it (:attr:`Kubeconfig.warnings`, logged by the link). No message carries a byte of
 a secret: a YAML error says where, not what was there; a token is described, never quoted

@@ -1,7 +1,8 @@
 """A bearer token, inline in the kubeconfig or in its ``tokenFile``: checked, never shown.
 
 A token file is read as the kubeconfig is (:mod:`anolisnuma.trusted_file`: a regular file
-only root may change, along its path too, opened without blocking, at most
+only root may change, along its path too and through no link another user owns, opened
+without blocking, at most
 :data:`MAX_TOKEN_FILE` bytes) at start and again whenever the API server answers 401
 (``token_auth.py``). A token is one line of visible ASCII: what else a file holds (two
 lines, a private key, ``/etc/shadow``) is refused before it is sent anywhere, and no

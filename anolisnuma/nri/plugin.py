@@ -22,12 +22,14 @@ as the kubelet's), the CRI call otherwise.
 
 Who can write to this input: containerd, root, on a root-only socket; the wire layer
 (``session.py``) bounds what a faulty peer can make us hold. A socket that someone but root
-could replace (it, or a directory above it, owned or writable by another user) is not
-connected to: that user could listen there in containerd's place.
+could replace (it, a directory above it or a link on the way, owned or writable by another
+user) is not connected to, nor one a process of another user listens on: that user could
+listen there in containerd's place (``door.py``).
 """
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from typing import Any, Callable, Dict, Optional
@@ -37,14 +39,17 @@ from google.protobuf.message import DecodeError
 
 from anolisnuma.controller import Controller
 from anolisnuma.cri.grpcwire import STATUS_CODES
-from anolisnuma.nri import translate
+from anolisnuma.nri import door, translate
 from anolisnuma.nri.session import NriRequestError, NriSession
-from anolisnuma.trusted_file import unsafe_along
+from anolisnuma.trusted_file import UntrustedFile
 from nri_proto import api_pb2 as nri
 
 log = structlog.get_logger("anolisnuma.nri")
 
 _INVALID_ARGUMENT, _UNIMPLEMENTED = STATUS_CODES["INVALID_ARGUMENT"], STATUS_CODES["UNIMPLEMENTED"]
+_INTERNAL = STATUS_CODES["INTERNAL"]
+# the methods that carry an event (a failure counts as events_failed; the others' as requests_failed)
+_EVENT_METHODS = frozenset({"CreateContainer", "UpdateContainer", "StopContainer", "StateChange", "UpdatePodSandbox"})
 # the events the policies act on (anolisnuma/nri/frontend.py); bit e-1 for event e, as NRI's EventMask
 _EVENTS = (nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
            nri.START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER)
@@ -73,9 +78,10 @@ class NriPlugin(Controller):
         self.runtime = ""            # "containerd v2.2.7", from Configure
         self.request_timeout_ms = 0  # containerd's plugin_request_timeout, from Configure
         self.last_disconnect = ""
-        self.n: Dict[str, int] = {"connects": 0, "registrations": 0, "disconnects": 0, "connect_failures": 0,
-                                  "connect_refused_untrusted": 0, "synchronizes": 0, "events": 0, "events_refused": 0, "events_failed": 0,
-                                  "updates_sent": 0, "updates_failed": 0, "updates_via_cri": 0}
+        self.n: Dict[str, int] = dict.fromkeys((
+            "connects", "registrations", "disconnects", "connect_failures", "connect_refused_untrusted",
+            "connect_refused_peer", "synchronizes", "events", "events_refused", "events_failed",
+            "requests_failed", "updates_sent", "updates_failed", "updates_via_cri"), 0)
         self._handlers: Dict[str, Any] = {
             "Configure": (nri.ConfigureRequest, self._configure),
             "Synchronize": (nri.SynchronizeRequest, self._synchronize),
@@ -100,23 +106,24 @@ class NriPlugin(Controller):
         """Connect, register, serve until the connection ends."""
         cfg = self.config
         try:
-            unsafe = unsafe_along(cfg.socket)
-        except OSError as e:
-            unsafe = None
-            log.debug("NRI socket path not checked", error=str(e))
-        if unsafe is not None:
+            # (door.py: the path checked and connected to in one walk, and the peer's uid)
+            sock = door.connect(cfg.socket, REGISTRATION_TIMEOUT)
+        except UntrustedFile as e:
             # whoever may change it may listen there in containerd's place and tell us of
             # pods that are not there: we do not connect
             self.n["connect_refused_untrusted"] += 1
-            self._back_off("not connected: " + unsafe.describe("another user could listen there in containerd's "
-                                                              "place"))
+            self._back_off("not connected: " + e.unsafe.describe("another user could listen there in containerd's "
+                                                                "place"))
             return
-        try:
-            session = NriSession.connect(cfg.socket, self._handle, timeout=REGISTRATION_TIMEOUT, log=log)
+        except door.UntrustedPeer as e:
+            self.n["connect_refused_peer"] += 1
+            self._back_off(f"not connected: {e}")
+            return
         except OSError as e:
             self.n["connect_failures"] += 1
             self._back_off(f"cannot connect to {cfg.socket}: {e.strerror or e}")
             return
+        session = NriSession(sock, self._handle, log=log, on_failure=self._failed_in_session)
         self.n["connects"] += 1
         with self._lock:
             if self._stopping:
@@ -159,15 +166,49 @@ class NriPlugin(Controller):
 
     # ------------------------------------------------------------------ containerd's requests
     def _handle(self, method: str, payload: bytes) -> bytes:
+        """The session's handler: ``method``'s serialized answer to ``payload``, or
+        NriRequestError, its status the answer. Each request is handled alone: whatever its
+        decoding, translation or handling raises (a bug, or an event that runs them out of
+        memory, past an integer's range or too deep) is answered with an error status, as
+        ttrpc answers a handler's error, in one log line and one count (``events_failed``,
+        or ``requests_failed`` for Configure, Synchronize, Shutdown), and the session and
+        the other requests go on."""
         entry = self._handlers.get(method)
         if entry is None:
             raise NriRequestError(_UNIMPLEMENTED, f"anolisnuma does not serve {method}")
         cls, fn = entry
+        failure: Optional[NriRequestError] = None
         try:
             request = cls.FromString(payload)
         except DecodeError as e:
-            raise NriRequestError(_INVALID_ARGUMENT, f"not a {cls.DESCRIPTOR.name}: {e}")
-        return fn(request).SerializeToString()
+            failure = self._failed(method, e, _INVALID_ARGUMENT, f"not a {cls.DESCRIPTOR.name}: {e}")
+        except Exception as e:
+            failure = self._failed(method, e)
+        else:
+            try:
+                return fn(request).SerializeToString()
+            except NriRequestError:
+                raise
+            except Exception as e:
+                failure = self._failed(method, e)
+        # Raised out here, not in the except clause: it does not carry the failed call (its
+        # frames, and what they had allocated) as its context while the answer is written.
+        raise failure
+
+    def _failed(self, method: str, error: BaseException, code: int = _INTERNAL, message: str = "") -> NriRequestError:
+        """Count and log (one line) a request that failed; the error it is answered with."""
+        kind = type(error).__name__
+        self.n["events_failed" if method in _EVENT_METHODS else "requests_failed"] += 1
+        try:
+            log.error("NRI: a request failed; answered with an error, the session goes on", method=method,
+                      error=kind, detail=str(error)[:200], at=_where(error))
+        except Exception:   # (out of memory, the line may fail too: the answer must not)
+            pass
+        return NriRequestError(code, message or f"anolisnuma failed to handle {method} ({kind})")
+
+    def _failed_in_session(self) -> None:
+        # a request the session could not even read (out of memory, say), answered there
+        self.n["requests_failed"] += 1
 
     def _configure(self, req: Any) -> Any:
         self.runtime = f"{req.runtime_name} {req.runtime_version}".strip()
@@ -199,9 +240,6 @@ class NriPlugin(Controller):
             return fn(*args)
         except NriRequestError:
             self.n["events_refused"] += 1
-            raise
-        except Exception:
-            self.n["events_failed"] += 1
             raise
 
     def _create_container(self, req: Any) -> Any:
@@ -268,3 +306,13 @@ class NriPlugin(Controller):
                 "connected": self.connected, "runtime": self.runtime or None,
                 "request_timeout_ms": self.request_timeout_ms or None,
                 "last_disconnect": self.last_disconnect or None, **self.n}
+
+
+def _where(error: BaseException) -> str:
+    """Where ``error`` was raised (``translate.py:38``): a bug is found from the one line."""
+    tb = error.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"

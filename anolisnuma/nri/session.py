@@ -38,7 +38,9 @@ daemon: a broken mux layer (unknown connection id, frame above NRI's bound) clos
 session; ttrpc-level faults are answered per stream, as ttrpc does (an oversized message:
 RESOURCE_EXHAUSTED; an unparseable Request, an even or reused stream id:
 INVALID_ARGUMENT; another service, or a method not in :data:`PLUGIN_METHODS`:
-UNIMPLEMENTED, without calling the handler) and the session carries on. Data
+UNIMPLEMENTED, without calling the handler) and the session carries on; a request that
+cannot be read for another reason (out of memory, nested too deep) and a handler that
+raises are answered INTERNAL, that request alone, in one log line. Data
 messages, requests on the client connection and responses on the server connection are
 ignored and counted: no NRI method streams, and an error answer to a stream nobody opened
 would only give a hostile peer an amplifier. A response to no pending call (one that timed
@@ -91,7 +93,7 @@ _MAX_STREAM_ID = 0xFFFFFFFF
 
 Handler = Callable[[str, bytes], bytes]
 
-COUNTERS = ("frames", "requests", "served", "errors_sent", "handler_failures", "oversized",
+COUNTERS = ("frames", "requests", "served", "errors_sent", "handler_failures", "request_failures", "oversized",
             "rejected_inflight", "unknown_stream", "ignored", "calls")
 
 
@@ -129,14 +131,18 @@ class NriSession:
     ``nri.pkg.api.v1alpha1.Plugin`` on a worker thread (method: one of
     :data:`PLUGIN_METHODS`; payload: the method's serialized request; result: its
     serialized response; :class:`NriRequestError` for an error status). ``log`` is a
-    structlog-style logger (key-value arguments). Nothing is read before :meth:`start`."""
+    structlog-style logger (key-value arguments); ``on_failure()`` is called for each
+    request that failed here rather than in the handler (one that could not even be read,
+    or a handler that raised): answered INTERNAL, the session goes on. Nothing is read
+    before :meth:`start`."""
 
     def __init__(self, sock: socket.socket, handler: Handler, *, log: Any = None,
                  max_message: int = fr.MAX_MESSAGE, workers: int = 4, max_inflight: int = 64,
-                 write_timeout: float = WRITE_TIMEOUT) -> None:
+                 write_timeout: float = WRITE_TIMEOUT, on_failure: Optional[Callable[[], None]] = None) -> None:
         self._sock = sock
         self._handler = handler
         self._log = log if log is not None else _LOG
+        self._on_failure = on_failure
         self.max_message = max_message
         self.max_inflight = max_inflight
         # One timeout for both directions: a read that times out is simply retried, a
@@ -270,6 +276,33 @@ class NriSession:
             self._release_socket()
 
     def _on_request(self, item: Any) -> None:
+        """One request as it arrives: whatever reading it raises (out of memory, too deep,
+        a bug) is that request's failure, answered INTERNAL, not the session's end."""
+        failed = ""
+        try:
+            self._take_request(item)
+            return
+        except Exception as e:
+            failed = type(e).__name__
+        # (out of the except clause: what the failed read had allocated is let go first)
+        self._failure("request_failures", "nri request could not be read; answered INTERNAL, the session goes on",
+                      item.stream_id, failed)
+
+    def _failure(self, counter: str, what: str, sid: int, error: str, method: str = "") -> None:
+        """Count ``counter`` and answer stream ``sid`` INTERNAL for a request that failed
+        here (``error``: the exception's type), then log one line and call ``on_failure``."""
+        self._count(counter)
+        self._answer(sid, INTERNAL, f"plugin failed to {'handle ' + method if method else 'read the request'} "
+                                    f"({error})")
+        # answered first, logged and counted after: out of memory, these may fail too
+        try:
+            self._log.error(what, method=method or None, stream_id=sid, error=error)
+            if self._on_failure is not None:
+                self._on_failure()
+        except Exception:
+            pass
+
+    def _take_request(self, item: Any) -> None:
         if isinstance(item, fr.Oversized):
             self._count("oversized")
             self._answer(item.stream_id, RESOURCE_EXHAUSTED,
@@ -307,8 +340,11 @@ class NriSession:
             return
         try:
             self._pool.submit(self._serve, sid, request.method, request.payload)
-        except RuntimeError:   # the pool is shut down: the session is closing
+        except BaseException:
             self._done_serving()
+            if self._closed.is_set():   # the pool is shut down: the session is closing
+                return
+            raise
 
     def _on_response(self, item: Any) -> None:
         if not isinstance(item, fr.Oversized) and item.type != fr.RESPONSE:
@@ -331,6 +367,7 @@ class NriSession:
 
     def _serve(self, sid: int, method: str, payload: bytes) -> None:
         try:
+            failed = ""
             try:
                 out = self._handler(method, payload)
                 if not isinstance(out, (bytes, bytearray)):
@@ -338,10 +375,11 @@ class NriSession:
             except NriRequestError as e:
                 self._answer(sid, e.code, e.message)
                 return
-            except Exception:
-                self._count("handler_failures")
-                self._log.exception("nri handler failed", method=method[:_ECHO])
-                self._answer(sid, INTERNAL, f"plugin failed to handle {method[:_ECHO]}")
+            except Exception as e:
+                failed = type(e).__name__
+            if failed:   # (out of the except clause, as in _on_request)
+                self._failure("handler_failures", "nri handler failed; answered INTERNAL, the session goes on", sid,
+                              failed, method[:_ECHO])
                 return
             if self._answer(sid, OK, "", bytes(out)):
                 self._count("served")

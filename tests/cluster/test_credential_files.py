@@ -181,3 +181,91 @@ def test_a_token_file_rotated_to_garbage_fails_requests_without_showing_it(clust
     assert errors["expired"].startswith("401") and SECRET_1 not in errors["two lines"]
     assert errors["two lines"] == (f"no reply BadCredentials: list oenumas: tokenFile {token} holds 2 lines: a "
                                    "token file holds one token on one line")
+
+
+CREDENTIALS = ("kubeconfig", "token", "ca.crt", "client.crt", "client.key")
+
+
+def behind_links(tmp_path: Any) -> str:
+    """Every credential in a root-only ``real/``, each reached through a root-owned link in
+    ``shared/``, a sticky directory every user may write (as ``/tmp``); the kubeconfig names
+    them by those links and is loaded by its own. Returns the kubeconfig's link."""
+    real, shared = tmp_path / "real", tmp_path / "shared"
+    real.mkdir()
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+           "clusters": [{"name": "k", "cluster": {"server": "https://10.0.0.1:6443",
+                                                  "certificate-authority": str(shared / "ca.crt")}}],
+           "users": [{"name": "u", "user": {"tokenFile": str(shared / "token"),
+                                            "client-certificate": str(shared / "client.crt"),
+                                            "client-key": str(shared / "client.key")}}],
+           "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}
+    content = {"kubeconfig": json.dumps(doc), "token": "a-token\n", "ca.crt": CA, "client.crt": CA,
+               "client.key": "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n"}
+    for name in CREDENTIALS:
+        (real / name).write_text(content[name])
+        os.chmod(real / name, 0o600)
+        os.symlink(real / name, shared / name)
+    return str(shared / "kubeconfig")
+
+
+@pytest.mark.parametrize("which", CREDENTIALS)
+def test_a_credential_behind_a_link_another_user_owns_is_refused(tmp_path, which) -> None:
+    """Whoever owns a link in a sticky directory may point it elsewhere at any time (another
+    kubeconfig, another root-only file as the token), whatever it points to when checked;
+    a link root owns there cannot be changed by anyone else, and is followed (as kubeadm's
+    and the kubelet's links to rotated certificates are)."""
+    # given every credential behind a link root owns: followed
+    path = behind_links(tmp_path)
+    assert load_kubeconfig(path).token == "a-token"
+    # when one of the links is another user's (still pointing to the same root-only file)
+    link = str(tmp_path / "shared" / which)
+    os.lchown(link, NOBODY, NOBODY)
+    # then it is refused, naming the link and the fix
+    message = refusal(path)
+    assert (f"{link} is a symbolic link owned by uid {NOBODY}, not root: whoever may write there may swap what "
+            f"the daemon reads as root; fix: chown -h root {link}") in message
+
+
+def test_a_directory_link_on_the_way_that_another_user_owns_is_refused(tmp_path) -> None:
+    # given the kubeconfig's directory reached through a link in a sticky directory
+    path = kubeconfig(tmp_path)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    os.symlink(tmp_path / "etc", shared / "etc")
+    through = str(shared / "etc" / "kubeconfig")
+    assert load_kubeconfig(through).server == "https://10.0.0.1:6443"
+    # when that link is another user's
+    os.lchown(shared / "etc", NOBODY, NOBODY)
+    # then the kubeconfig is refused, naming the link above it
+    assert (f"{shared / 'etc'} (above {through}) is a symbolic link owned by uid {NOBODY}, not root"
+            in refusal(through))
+
+
+def set_acl(path: str, uid: int, perm: int) -> None:
+    """``setfacl -m u:UID:PERM`` as the kernel stores it (mask rwx)."""
+    import struct
+
+    entries = [(1, 6, 0xFFFFFFFF), (2, perm, uid), (4, 0, 0xFFFFFFFF), (0x10, 7, 0xFFFFFFFF), (0x20, 0, 0xFFFFFFFF)]
+    try:
+        os.setxattr(path, "system.posix_acl_access",
+                    struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries))
+    except OSError as e:
+        pytest.skip(f"no POSIX ACLs on this file system: {e.strerror}")
+
+
+def test_acl_entries_are_read_on_what_was_walked_to(tmp_path) -> None:
+    """(The walk reads ACLs through its descriptors, not by name.)"""
+    # given a token file another user may read through an ACL: used, with a warning
+    path = kubeconfig(tmp_path)
+    token = str(tmp_path / "etc" / "token")
+    set_acl(token, NOBODY, 4)
+    (warning,) = load_kubeconfig(path).warnings
+    assert warning.startswith(f"{token} holds a credential and is readable by uid {NOBODY} through a POSIX ACL")
+    # when the directory above is writable by that user through an ACL: refused
+    etc = str(tmp_path / "etc")
+    set_acl(etc, NOBODY, 7)
+    assert (f"{etc} (above {path}) is writable by uid {NOBODY} through a POSIX ACL: whoever may write there may "
+            f"swap what the daemon reads as root; fix: setfacl -x u:{NOBODY} {etc}") in refusal(path)

@@ -207,6 +207,68 @@ def test_unparseable_request_is_answered_and_the_session_goes_on(pair):
     assert configure(rt).events and not session.closed
 
 
+class RequestThatRunsOutOfMemory:
+    """ttrpc's Request, but reading one for method ``Boom`` raises ``error`` (as a request
+    that ran the parser out of memory, or nested past its recursion, would)."""
+
+    error: type = MemoryError
+
+    def __init__(self, **kw) -> None:
+        self._request = ttrpc_pb2.Request(**kw)
+
+    def ParseFromString(self, data: bytes) -> None:
+        self._request.ParseFromString(data)
+        if self._request.method == "Boom":
+            raise self.error("from the test")
+
+    def __getattr__(self, name: str):
+        return getattr(self._request, name)
+
+
+@pytest.mark.parametrize("error", [MemoryError, RecursionError])
+def test_a_request_whose_reading_raises_is_answered_alone_and_the_session_goes_on(pair, monkeypatch, error):
+    # given a session whose reading of one request raises
+    failed: List[int] = []
+    rt, session, handler = pair(on_failure=lambda: failed.append(1))
+    shim = type("Shim", (RequestThatRunsOutOfMemory,), {"error": error})
+    monkeypatch.setattr("anolisnuma.nri.session.ttrpc_pb2",
+                        type("ttrpc", (), {"Request": shim, "Response": ttrpc_pb2.Response,
+                                           "Status": ttrpc_pb2.Status}))
+    # when that request arrives
+    sid = raw_request(rt, method="Boom")
+    # then it alone is answered INTERNAL, counted and told to the plugin; the session goes on
+    answer = unmatched_response(rt, sid).status
+    assert (answer.code, answer.message) == (13, f"plugin failed to read the request ({error.__name__})")
+    assert session.counters["request_failures"] == 1 and failed == [1]
+    assert configure(rt).events and not session.closed and handler.calls == ["Configure"]
+
+
+class LogOutOfMemory:
+    """A logger whose error lines fail as they would with no memory left."""
+
+    def _fail(self, *_args, **_kw) -> None:
+        raise MemoryError()
+
+    error = warning = exception = _fail
+
+    def info(self, *_args, **_kw) -> None:
+        pass
+
+    debug = info
+
+
+def test_a_failed_request_is_answered_even_when_its_log_line_fails(pair):
+    # given a handler that runs out of memory, where even the log line does
+    rt, session, handler = pair(log=LogOutOfMemory())
+    handler.fail["StateChange"] = MemoryError()
+    # when the request arrives, then it is answered all the same, and the session goes on
+    with pytest.raises(NriRequestError) as e:
+        rt.call_plugin("StateChange", api_pb2.StateChangeEvent(event=1), api_pb2.Empty)
+    assert (e.value.code, e.value.message) == (13, "plugin failed to handle StateChange (MemoryError)")
+    assert session.counters["handler_failures"] == 1
+    assert configure(rt).events and not session.closed
+
+
 def test_even_or_reused_stream_ids_are_refused(pair):
     rt, session, handler = pair()
     envelope = ttrpc_pb2.Request(service=PLUGIN, method="Shutdown").SerializeToString()

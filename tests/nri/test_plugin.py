@@ -98,6 +98,10 @@ def setup(tmp_path) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, Recorder, List[
     plugin.wake()
     try:
         assert runtime.registered.wait(10)
+        # registered on the plugin's side too: the runtime notes the call before it answers,
+        # and a test that closes the runtime in between would see a failed registration,
+        # not a disconnect
+        wait_until(lambda: plugin.n["registrations"] == 1, "the plugin registered")
         yield runtime, plugin, fe, synced, cri_client
     finally:
         plugin.stop()
@@ -279,3 +283,198 @@ def test_a_socket_another_user_could_replace_is_not_connected_to(tmp_path, how):
     finally:
         plugin.stop()
         runtime.close()
+
+
+NOBODY = 65534
+
+# Binds as root (the socket's file is root's, 0600 in a root-only directory: the path check
+# passes), then listens as nobody: the kernel's SO_PEERCRED names nobody.
+LISTEN_AS_NOBODY = """
+import os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+os.chmod(sys.argv[1], 0o600)
+os.setgid(65534); os.setuid(65534)
+s.listen(8)
+print("listening", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_listener_that_is_not_root_behind_a_root_owned_socket_is_refused(tmp_path):
+    """The socket's file says who bound it; only the kernel says who listens: a process of
+    another user there would tell the plugin of pods that are not there."""
+    import subprocess
+    import sys
+
+    # given containerd's socket path, root's, listened on by a process running as nobody
+    d = tmp_path / "nri"
+    d.mkdir()
+    path = str(d / "nri.sock")
+    impostor = subprocess.Popen([sys.executable, "-c", LISTEN_AS_NOBODY, path], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    runtime = None
+    try:
+        assert impostor.stdout.readline() == "listening\n" and os.stat(path).st_uid == 0
+        # when the plugin connects
+        plugin.start()
+        plugin.wake()
+        # then it is refused on the peer's uid, said with the path and the fix, counted, and
+        # tried again after the backoff
+        wait_until(lambda: plugin.n.get("connect_refused_peer", 0) >= 2, "refused, and again after the backoff")
+        assert plugin.n["registrations"] == 0 and plugin.n["connects"] == 0
+        assert (f"not connected: {path} is listened on by pid {impostor.pid}, running as uid {NOBODY}, not root"
+                in plugin.last_error)
+        assert f"fix: stop process {impostor.pid}" in plugin.last_error
+        # and once containerd's own socket is there, it connects
+        impostor.stdin.close()
+        impostor.wait(30)
+        os.unlink(path)
+        runtime = FakeNriRuntime(path).start()
+        assert runtime.registered.wait(10)
+    finally:
+        plugin.stop()
+        if impostor.poll() is None:
+            impostor.kill()
+            impostor.wait(30)
+        if runtime is not None:
+            runtime.close()
+
+
+def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path):
+    """A sticky directory (as /tmp) on the way: root's link there is followed, and another
+    user's, swapped in while the plugin was away, is refused even though it leads to the
+    same root-only directory: its owner could point it elsewhere between a check and the
+    connect (the plugin connects to what it judged, through /proc/self/fd)."""
+    # given shared/nri (a root-owned link in a sticky directory) -> real/, where the runtime is
+    real, shared = tmp_path / "real", tmp_path / "shared"
+    real.mkdir()
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    os.symlink(real, shared / "nri")
+    path = str(shared / "nri" / "nri.sock")
+    runtime = FakeNriRuntime(str(real / "nri.sock")).start()
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    plugin.start()
+    plugin.wake()
+    again = None
+    try:
+        assert runtime.registered.wait(10)   # root's link: followed
+        wait_until(lambda: plugin.n["registrations"] == 1, "the plugin registered")   # (as in setup)
+        # when the runtime goes and another user's link takes the place of root's
+        runtime.close()
+        wait_until(lambda: plugin.n["disconnects"] == 1, "the disconnect seen")
+        os.unlink(shared / "nri")
+        os.symlink(real, shared / "nri")
+        os.lchown(shared / "nri", NOBODY, NOBODY)
+        again = FakeNriRuntime(str(real / "nri.sock")).start()
+        # then the plugin does not connect through it, says where and the fix, and retries
+        wait_until(lambda: plugin.n["connect_refused_untrusted"] >= 2, "refused, and again after the backoff")
+        assert not again.connected.is_set() and plugin.n["connects"] == 1
+        assert (f"{shared / 'nri'} (above {path}) is a symbolic link owned by uid {NOBODY}, not root: another user "
+                f"could listen there in containerd's place; fix: chown -h root {shared / 'nri'}") in plugin.last_error
+        os.lchown(shared / "nri", 0, 0)   # fixed: it connects on its next attempt
+        assert again.registered.wait(10)
+    finally:
+        plugin.stop()
+        for rt in (runtime, again):
+            if rt is not None:
+                rt.close()
+
+
+@pytest.fixture
+def real_front_end(tmp_path) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, List[int]]]:
+    """The plugin with the real front-end (the interception pipeline on its own loop, no
+    hooks), registered with the fake runtime; ``synced`` counts the resyncs asked."""
+    import asyncio
+
+    from anolisnuma.config import HooksConfig
+    from anolisnuma.nri.frontend import NriFrontEnd
+    from anolisnuma.pipeline.interceptor import Interceptor
+    from anolisnuma.state.store import Store
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    ic = Interceptor([], HooksConfig(), Store())
+    runtime = FakeNriRuntime(str(tmp_path / "nri.sock")).start()
+    synced: List[int] = []
+    plugin = NriPlugin(NriConfig(enabled=True, socket=runtime.path, reconnect_max_seconds=0.5),
+                       NriFrontEnd(ic, loop, timeout=5.0), on_synchronize=lambda: synced.append(1))
+    plugin.start()
+    plugin.wake()
+    try:
+        assert runtime.registered.wait(10)
+        yield runtime, plugin, synced
+    finally:
+        plugin.stop()
+        runtime.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        ic.executor.shutdown(wait=False)
+
+
+def create(runtime: FakeNriRuntime, cid: str, shares: int = 0) -> Any:
+    pod = nri.PodSandbox(id="sb1", uid="u1", name="web", namespace="ns")
+    ctr = nri.Container(id=cid, pod_sandbox_id="sb1", name=cid)
+    if shares:
+        ctr.linux.resources.cpu.shares.value = shares
+    return runtime.call_plugin("CreateContainer", nri.CreateContainerRequest(pod=pod, container=ctr),
+                               nri.CreateContainerResponse)
+
+
+def failures(logs: List[dict]) -> List[dict]:
+    return [e for e in logs if e["log_level"] in ("error", "warning", "critical")]
+
+
+@pytest.mark.parametrize("how", ["MemoryError", "OverflowError", "RecursionError", "crafted: shares above int64"])
+def test_an_event_whose_handling_raises_is_answered_alone_and_the_session_goes_on(real_front_end, monkeypatch,
+                                                                                   how):
+    """H1 through NRI: a peer's event that makes the translation (or anything after it) run
+    out of memory, overflow or recurse too deep costs that event an error answer, one log
+    line and a count, and nothing else."""
+    from structlog.testing import capture_logs
+
+    runtime, plugin, _ = real_front_end
+    # given an event whose translation raises
+    if how.startswith("crafted"):
+        shares = 2 ** 64 - 1   # NRI's uint64; the kubelet's CRI field is an int64: ValueError
+        error = "ValueError"
+    else:
+        def boom(*_args: Any) -> Any:
+            raise {"MemoryError": MemoryError, "OverflowError": OverflowError,
+                   "RecursionError": RecursionError}[how]("from the test")
+        monkeypatch.setattr("anolisnuma.nri.translate.create_container", boom)
+        shares, error = 0, how
+    # when containerd sends it
+    with capture_logs() as logs:
+        with pytest.raises(NriRequestError) as e:
+            create(runtime, "bad", shares)
+    # then that request is answered with an error, as ttrpc answers a handler's, in one log
+    # line (no traceback) and one count
+    assert e.value.code == 13 and e.value.message == f"anolisnuma failed to handle CreateContainer ({error})"
+    (line,) = failures(logs)
+    assert line["event"] == "NRI: a request failed; answered with an error, the session goes on"
+    assert (line["method"], line["error"]) == ("CreateContainer", error) and "exc_info" not in line
+    assert plugin.counts()["events_failed"] == 1
+    # and the next event on the same session works
+    monkeypatch.undo()
+    assert create(runtime, "good").adjust == nri.ContainerAdjustment()   # (no hooks: nothing to adjust)
+    assert plugin.connected and plugin.n["connects"] == 1 and plugin.n["events"] == 2
+
+
+def test_a_request_other_than_an_event_that_raises_is_counted_too(real_front_end):
+    runtime, plugin, synced = real_front_end
+    # given a resync that cannot even be asked for
+    plugin.on_synchronize = lambda: (_ for _ in ()).throw(RecursionError("maximum recursion depth exceeded"))
+    # when containerd synchronizes
+    with pytest.raises(NriRequestError) as e:
+        runtime.call_plugin("Synchronize", nri.SynchronizeRequest(), nri.SynchronizeResponse)
+    # then the request is answered with an error and counted
+    assert e.value.code == 13 and "Synchronize (RecursionError)" in e.value.message
+    assert plugin.counts()["requests_failed"] == 1 and plugin.counts()["events_failed"] == 0
+    # and the session goes on
+    plugin.on_synchronize = lambda: synced.append(1)
+    runtime.call_plugin("Synchronize", nri.SynchronizeRequest(), nri.SynchronizeResponse)
+    assert synced == [1] and plugin.connected
