@@ -50,6 +50,15 @@ _INVALID_ARGUMENT, _UNIMPLEMENTED = STATUS_CODES["INVALID_ARGUMENT"], STATUS_COD
 _INTERNAL = STATUS_CODES["INTERNAL"]
 # the methods that carry an event (a failure counts as events_failed; the others' as requests_failed)
 _EVENT_METHODS = frozenset({"CreateContainer", "UpdateContainer", "StopContainer", "StateChange", "UpdatePodSandbox"})
+# What an event failed outside the pipeline is answered with when no hook it passes is
+# fail-closed: the empty reply, "as if anolisnuma were not there", as the relay forwards a
+# call unchanged when its pipeline fails on it (Interceptor.failed); and the CRI method each
+# runs as, whose hooks' failure policies decide (None: a StateChange, any policy).
+_PASS_ON = {"CreateContainer": (nri.CreateContainerResponse, "CreateContainer"),
+            "UpdateContainer": (nri.UpdateContainerResponse, "UpdateContainerResources"),
+            "StopContainer": (nri.StopContainerResponse, "StopContainer"),
+            "StateChange": (nri.Empty, None),
+            "UpdatePodSandbox": (nri.UpdatePodSandboxResponse, None)}
 # the events the policies act on (anolisnuma/nri/frontend.py); bit e-1 for event e, as NRI's EventMask
 _EVENTS = (nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
            nri.START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER)
@@ -81,7 +90,7 @@ class NriPlugin(Controller):
         self.n: Dict[str, int] = dict.fromkeys((
             "connects", "registrations", "disconnects", "connect_failures", "connect_refused_untrusted",
             "connect_refused_peer", "synchronizes", "events", "events_refused", "events_failed",
-            "requests_failed", "updates_sent", "updates_failed", "updates_via_cri"), 0)
+            "requests_failed", "events_passed_on", "updates_sent", "updates_failed", "updates_via_cri"), 0)
         self._handlers: Dict[str, Any] = {
             "Configure": (nri.ConfigureRequest, self._configure),
             "Synchronize": (nri.SynchronizeRequest, self._synchronize),
@@ -169,10 +178,12 @@ class NriPlugin(Controller):
         """The session's handler: ``method``'s serialized answer to ``payload``, or
         NriRequestError, its status the answer. Each request is handled alone: whatever its
         decoding, translation or handling raises (a bug, or an event that runs them out of
-        memory, past an integer's range or too deep) is answered with an error status, as
-        ttrpc answers a handler's error, in one log line and one count (``events_failed``,
-        or ``requests_failed`` for Configure, Synchronize, Shutdown), and the session and
-        the other requests go on."""
+        memory, past an integer's range or too deep) is told in one log line and one count
+        (``events_failed``, or ``requests_failed`` for Configure, Synchronize, Shutdown), and
+        the session and the other requests go on. An event that was read is then answered
+        as if anolisnuma were not there (its empty reply, counted ``events_passed_on``)
+        unless a hook it passes is fail-closed, as the relay does; the others, and a request
+        that cannot be read, with an error status, as ttrpc answers a handler's error."""
         entry = self._handlers.get(method)
         if entry is None:
             raise NriRequestError(_UNIMPLEMENTED, f"anolisnuma does not serve {method}")
@@ -191,16 +202,36 @@ class NriPlugin(Controller):
                 raise
             except Exception as e:
                 failure = self._failed(method, e)
+            # (not a request that cannot be read: what no runtime sends is refused)
+            passed = self._passed_on(method)
+            if passed is not None:
+                return passed
         # Raised out here, not in the except clause: it does not carry the failed call (its
         # frames, and what they had allocated) as its context while the answer is written.
         raise failure
+
+    def _passed_on(self, method: str) -> Optional[bytes]:
+        """The empty reply to an event that failed outside the pipeline, when the failure
+        policies of the hooks it passes let it through (None: answer with the error, as a
+        fail-closed relay refuses the call)."""
+        passed = _PASS_ON.get(method)
+        if passed is None:
+            return None
+        reply, cri_method = passed
+        try:
+            if self.frontend.interceptor.fail_closed(cri_method):
+                return None
+        except Exception:   # (whatever cannot be told is not fail-closed: the node first)
+            pass
+        self.n["events_passed_on"] += 1
+        return reply().SerializeToString()
 
     def _failed(self, method: str, error: BaseException, code: int = _INTERNAL, message: str = "") -> NriRequestError:
         """Count and log (one line) a request that failed; the error it is answered with."""
         kind = type(error).__name__
         self.n["events_failed" if method in _EVENT_METHODS else "requests_failed"] += 1
         try:
-            log.error("NRI: a request failed; answered with an error, the session goes on", method=method,
+            log.error("NRI: a request failed; the session goes on", method=method,
                       error=kind, detail=str(error)[:200], at=_where(error))
         except Exception:   # (out of memory, the line may fail too: the answer must not)
             pass

@@ -203,12 +203,7 @@ class Interceptor:
         memory, say): refused UNAVAILABLE when a hook it had to pass is fail-closed (while
         the hooks are still being built: when any configured policy is), else forwarded
         as if anolisnuma were not there."""
-        if self._ready:
-            policies = {self.config.settings(h.name).failure_policy for h in self._pre[pc.method]}
-        else:
-            policies = {self.config.default.failure_policy} | {
-                s.failure_policy for s in self.config.per_hook.values()}
-        fail = "fail" in policies
+        fail = self.fail_closed(pc.method)
         self.counters.add("calls_refused" if fail else "pipeline_failures_forwarded")
         self._failures.note((pc.method, type(error).__name__), method=pc.method, error=repr(error)[:300],
                             decision="refused (failure_policy fail)" if fail else "forwarded unchanged")
@@ -217,6 +212,17 @@ class Interceptor:
                                    f"anolisnuma could not apply its policies to this {pc.method} "
                                    f"({type(error).__name__}); refused, the failure policy is fail")
         return Decision.forward(body)
+
+    def fail_closed(self, method: Optional[str]) -> bool:
+        """Whether a ``method`` call the pipeline could not run must be refused rather than
+        passed on: a pre-hook it has to pass is fail-closed (``None``, or while the hooks are
+        still being built: any configured policy is)."""
+        if self._ready and method is not None:
+            policies = {self.config.settings(h.name).failure_policy for h in self._pre.get(method, ())}
+        else:
+            policies = {self.config.default.failure_policy} | {
+                s.failure_policy for s in self.config.per_hook.values()}
+        return "fail" in policies
 
     async def _when_ready(self, pc: PipelineCall, body: bytes, ready: "asyncio.Future[None]") -> Decision:
         await ready
