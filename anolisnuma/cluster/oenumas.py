@@ -111,7 +111,7 @@ _ENTRY_FIELDS = {"numa": ("numaNum", "cpuset", "memset"), "podAffinity": ("names
 
 def _kept_entry(entry: Dict[str, Any]) -> Dict[str, Any]:
     """The fields of a node entry the rules read, with their values as they are when
-    scalars (the parser says what is wrong with them) and a placeholder naming the type
+    scalars (the parser says what is wrong with them) and a small mapping naming the type
     when not: a hostile CR's nested or unknown fields cost neither memory nor the time of a
     comparison, a repr or a save."""
     out: Dict[str, Any] = {"name": entry["name"]}
@@ -133,7 +133,9 @@ def _scalar(value: Any) -> Any:
     if isinstance(value, str):
         # (the fields the bounds check are at most this long already: this cuts the others)
         return value[:MAX_CPU_LIST]
-    return f"<{type(value).__name__}>"
+    # A mapping naming the type, never a string: the parser refuses it where it wants a
+    # name or a number, as it refused the value (a string "<dict>" read as a namespace)
+    return {"unread": type(value).__name__}
 
 
 class OenumaSet:

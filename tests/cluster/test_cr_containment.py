@@ -227,3 +227,18 @@ def test_a_cr_at_the_bounds_costs_what_docs_cluster_md_says() -> None:
         tracemalloc.stop()
     assert all(len(cr.rules) == b.MAX_AFFINITY and not cr.problems for _, cr in kept)
     assert per_cr < 200 * 1024, per_cr
+
+
+@pytest.mark.parametrize("field, value", [("namespace", {"a": {"b": [1, 2, {"c": None}]}}), ("podName", ["web"]),
+                                          ("numaNum", {"n": 1})])
+def test_a_field_that_is_no_scalar_is_malformed_not_read_as_a_name(tmp_path: Any, field: str, value: Any) -> None:
+    # given a trusted CR whose podAffinity entry has a nested value where a name or number goes
+    crs, sync, applies, events = make(tmp_path, trusted=("admin",))
+    affinity = [{"namespace": "batch", "podName": "web", "numaNum": 1}]
+    affinity[0][field] = value
+    crs.replace([cr("nested", affinity, namespace="admin")])
+    sync.run_once()
+    # then the CR is malformed (kept as a small mapping naming the type, and refused as such)
+    got = by_name(sync)["nested"]
+    assert got.error and not got.rules
+    assert json.dumps(crs.mine()[1][0]["spec"]).count("{") < 10
