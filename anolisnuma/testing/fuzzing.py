@@ -203,7 +203,6 @@ def outcome(name: str, fn: Callable[[], Any], own: Tuple[Type[BaseException], ..
     through (property 1: the test fails with it). Its peak memory is checked against the
     parser's bound for an input of ``size`` bytes (property 3), and its CPU time noted."""
     forget()
-    gc.collect()
     start = time.process_time()
     try:
         result: Outcome = (fn(), None)
