@@ -132,14 +132,18 @@ def examples(n: int) -> int:
 
 def register_profiles() -> None:
     """``fuzz-ci`` and ``fuzz-long`` (see ``tests/fuzz/conftest.py``)."""
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     settings.register_profile("fuzz-ci", deadline=None, derandomize=True, database=None, print_blob=False,
                               # (the generators build inputs of many kilobytes on purpose)
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                     HealthCheck.large_base_example])
+                                                     HealthCheck.large_base_example],
+                              # No shrinking: a finding fails the suite in a second, not a minute;
+                              # each one known has its smallest input as a test of its own, and
+                              # a long run (scripts/fuzz.py) shrinks what it finds.
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate])
     settings.register_profile("fuzz-long", parent=settings.get_profile("fuzz-ci"), derandomize=False,
-                              print_blob=True)
+                              print_blob=True, phases=list(Phase))
 
 
 def fuzz_settings(max_examples: int, **overrides: Any) -> Any:
