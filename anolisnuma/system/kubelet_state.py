@@ -19,7 +19,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import structlog
 
@@ -43,12 +43,15 @@ class RawCpuManagerState:
 ABSENT = RawCpuManagerState()
 
 
-def parse_cpu_manager_state(text: str) -> RawCpuManagerState:
-    """The checkpoint in ``text``; raises :class:`KubeletStateError` when it is not one."""
+def parse_cpu_manager_state(text: Union[str, bytes]) -> RawCpuManagerState:
+    """The checkpoint in ``text`` (bytes: UTF-8); raises :class:`KubeletStateError` when it
+    is not one."""
     try:
         data = json.loads(text)
-    except ValueError as e:
+    except ValueError as e:   # (UnicodeDecodeError too)
         raise KubeletStateError(f"not JSON: {e}") from e
+    except RecursionError:    # arrays or objects nested past the decoder's recursion
+        raise KubeletStateError("not JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise KubeletStateError("not a JSON object")
     policy = data.get("policyName", "")
@@ -79,11 +82,11 @@ def read_cpu_manager_state(path: str) -> RawCpuManagerState:
     """The checkpoint at ``path``; :data:`ABSENT` when there is no file. Raises
     :class:`KubeletStateError` (unparseable) or OSError (unreadable)."""
     try:
-        with open(path) as f:
-            text = f.read(_MAX_FILE)
+        with open(path, "rb") as f:   # (bytes: not the locale's encoding, which may be ASCII)
+            data = f.read(_MAX_FILE)
     except FileNotFoundError:
         return ABSENT
-    return parse_cpu_manager_state(text)
+    return parse_cpu_manager_state(data)
 
 
 Signature = Optional[Tuple[int, int, int]]
