@@ -23,6 +23,8 @@ from typing import Dict, Optional, Tuple, Union
 
 import structlog
 
+from anolisnuma.fileread import RefusedFile, read_regular_file
+
 log = structlog.get_logger("anolisnuma.numa")
 
 _MAX_FILE = 16 << 20
@@ -80,12 +82,16 @@ def parse_cpu_manager_state(text: Union[str, bytes]) -> RawCpuManagerState:
 
 def read_cpu_manager_state(path: str) -> RawCpuManagerState:
     """The checkpoint at ``path``; :data:`ABSENT` when there is no file. Raises
-    :class:`KubeletStateError` (unparseable) or OSError (unreadable)."""
+    :class:`KubeletStateError` (unparseable, not a regular file, over 16 MiB) or OSError
+    (unreadable)."""
     try:
-        with open(path, "rb") as f:   # (bytes: not the locale's encoding, which may be ASCII)
-            data = f.read(_MAX_FILE)
+        # (bytes: not the locale's encoding, which may be ASCII; and read as it grows, not
+        # into a buffer of the whole cap made for every read of a file of a few hundred bytes)
+        data = read_regular_file(path, _MAX_FILE)
     except FileNotFoundError:
         return ABSENT
+    except RefusedFile as e:
+        raise KubeletStateError(str(e)) from None
     return parse_cpu_manager_state(data)
 
 
