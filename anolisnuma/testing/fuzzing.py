@@ -19,8 +19,8 @@ well within them on a busy machine, a quadratic one misses them by a factor of
 
 Runs are shaped by two environment variables, read when a test module is imported:
 ``ANOLISNUMA_FUZZ_PROFILE`` (``ci``, the default: each test's own ``max_examples``,
-derandomized, so CI is deterministic; ``long``: :data:`LONG_SCALE` times the examples,
-random, for ``scripts/fuzz.py --minutes``) and ``ANOLISNUMA_FUZZ_REPORT`` (a file the run's
+derandomized, so CI is deterministic; ``long``: ``ANOLISNUMA_FUZZ_SCALE`` times the
+examples, random, for ``scripts/fuzz.py --minutes``) and ``ANOLISNUMA_FUZZ_REPORT`` (a file the run's
 observations are written to as JSON at its end, per parser: inputs tried, the worst CPU
 time and peak memory of one).
 """
@@ -38,7 +38,8 @@ from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 ENV_PROFILE = "ANOLISNUMA_FUZZ_PROFILE"
 ENV_REPORT = "ANOLISNUMA_FUZZ_REPORT"
-LONG_SCALE = 20
+ENV_SCALE = "ANOLISNUMA_FUZZ_SCALE"
+LONG_SCALE = 10
 KIB = 1 << 10
 MIB = 1 << 20
 
@@ -126,8 +127,9 @@ def long_run() -> bool:
 
 
 def examples(n: int) -> int:
-    """A test's ``max_examples``: its own in CI, :data:`LONG_SCALE` times more in a long run."""
-    return n * LONG_SCALE if long_run() else n
+    """A test's ``max_examples``: its own in CI, ``$ANOLISNUMA_FUZZ_SCALE`` (default
+    :data:`LONG_SCALE`) times more in a long run."""
+    return n * int(os.environ.get(ENV_SCALE) or LONG_SCALE) if long_run() else n
 
 
 def register_profiles() -> None:
@@ -138,12 +140,12 @@ def register_profiles() -> None:
                               # (the generators build inputs of many kilobytes on purpose)
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                      HealthCheck.large_base_example],
-                              # No shrinking: a finding fails the suite in a second, not a minute;
-                              # each one known has its smallest input as a test of its own, and
-                              # a long run (scripts/fuzz.py) shrinks what it finds.
+                              # No shrinking: a finding fails the suite in a second, not a minute
+                              # (each one known has its smallest input as a test of its own); a
+                              # long run prints the blob that replays one, to shrink it then.
                               phases=[Phase.explicit, Phase.reuse, Phase.generate])
     settings.register_profile("fuzz-long", parent=settings.get_profile("fuzz-ci"), derandomize=False,
-                              print_blob=True, phases=list(Phase))
+                              print_blob=True)
 
 
 def fuzz_settings(max_examples: int, **overrides: Any) -> Any:
