@@ -51,3 +51,12 @@ def test_every_parser_of_the_suite_is_in_the_catalogue():
                 text = f.read()
             named.update(n for n in fuzzing.PARSERS if f'"{n}"' in text)
     assert named == set(fuzzing.PARSERS)
+
+
+def test_the_docs_state_the_bounds_the_suite_asserts():
+    with open(os.path.join(ROOT, "docs", "fuzzing.md")) as f:
+        rows = {line.split("`")[1]: line for line in f if line.startswith("| `")}
+    assert set(rows) == set(fuzzing.PARSERS)
+    for name, parser in fuzzing.PARSERS.items():
+        assert f"| {parser.size_ratio}, {parser.time_ratio:g} |" in rows[name], name
+        assert f"{fuzzing._size(parser.memory_base)} + {parser.memory_per_byte} B/byte" in rows[name], name
