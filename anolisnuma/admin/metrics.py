@@ -206,6 +206,8 @@ class DaemonCollector:
         yield from fams.values()
         yield GaugeMetricFamily(P + "numa_pending_updates", "placements waiting for the repin loop",
                                 value=len(service.pending_updates()))
+        yield CounterMetricFamily(P + "numa_rule_files_skipped", "rule files skipped as malformed (each reading)",
+                                  value=service.rule_files_skipped)
 
     def _qos(self) -> Iterator[Metric]:
         hook = views.qos_hook(self.daemon)

@@ -409,7 +409,8 @@ def numa(daemon: "DaemonView") -> Dict[str, Any]:
                  ] if kubelet.is_static else []
     return {"enabled": True, "kubelet_policy": kubelet.policy, "shared_pool": str(pool),
             "kubelet_exclusive_cpus": str(exclusive_cpus), "kubelet_exclusive": exclusive,
-            "allocations": len(allocations), "pending_updates": len(service.pending_updates()), "nodes": nodes}
+            "allocations": len(allocations), "pending_updates": len(service.pending_updates()),
+            "rule_files_skipped": service.rule_files_skipped, "nodes": nodes}
 
 
 # ---------------------------------------------------------------- explain

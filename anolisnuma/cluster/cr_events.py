@@ -39,7 +39,8 @@ class CrPodEvents:
         self.events = events
         self.node_name = node_name
         self._told: Dict[Key, Dict[PodName, Told]] = {}
-        self._releasing: Dict[str, Tuple[PodName, str]] = {}   # pod uid -> (pod, "Oenuma ns/name")
+        # pod uid -> (pod, "Oenuma ns/name", whether that CR is trusted: what its events may tell)
+        self._releasing: Dict[str, Tuple[PodName, str, bool]] = {}
         self.released = 0
 
     @property
@@ -61,7 +62,7 @@ class CrPodEvents:
                 continue
             del told[pod]
             if state in PINNING and uid and (p is None or p["state"] == "Overridden"):
-                self._releasing[uid] = (pod, f"Oenuma {cr.ref}")
+                self._releasing[uid] = (pod, f"Oenuma {cr.ref}", cr.trusted)
         for pod, p in now.items():
             state, cpuset, uid = p["state"], p.get("cpuset", ""), p.get("uid", "")
             if state not in ("Pinned", "Pending", "Failed") or told.get(pod, ("", "", ""))[:2] == (state, cpuset):
@@ -73,12 +74,13 @@ class CrPodEvents:
         if not told:
             del self._told[cr.key]
 
-    def gone(self, key: Key) -> None:
+    def gone(self, key: Key, trusted: bool = False) -> None:
         """The CR no longer names this node (deleted, or its entry removed): each pod it
-        pinned is released; what was told of it is forgotten."""
+        pinned is released; what was told of it is forgotten. ``trusted``: the CR was of a
+        namespace the node trusts (else its pods' events tell nothing of other rules)."""
         for pod, (state, _, uid) in self._told.pop(key, {}).items():
             if state in PINNING and uid:
-                self._releasing[uid] = (pod, f"Oenuma {key[0]}/{key[1]}")
+                self._releasing[uid] = (pod, f"Oenuma {key[0]}/{key[1]}", trusted)
 
     def announce(self, allocations: List[Allocation], pending: Any, pool: CpuSet,
                  rule_of: Callable[[Allocation], Any], failure: Callable[[str], str]) -> int:
@@ -87,7 +89,7 @@ class CrPodEvents:
             return 0
         by_uid = {a.pod_uid: a for a in allocations}
         told = 0
-        for uid, (pod, by) in list(self._releasing.items()):
+        for uid, (pod, by, trusted) in list(self._releasing.items()):
             alloc = by_uid.get(uid)
             if alloc is None:          # the pod is gone: nothing to tell
                 del self._releasing[uid]
@@ -97,7 +99,7 @@ class CrPodEvents:
             del self._releasing[uid]
             self.events.record(Event(pod_regarding(pod[0], pod[1], uid), "Normal", "NumaReleased", "Release",
                                      f"{self.node_name}: {by} no longer pins it: "
-                                     f"{_where_now(alloc, pool, rule_of(alloc), failure(uid))}"))
+                                     f"{_where_now(alloc, pool, rule_of(alloc), failure(uid), trusted)}"))
             told += 1
         self.released += told
         return told
@@ -114,12 +116,14 @@ class CrPodEvents:
         self.events.record(event)
 
 
-def _where_now(alloc: Allocation, pool: CpuSet, rule: Optional[Any], failure: str) -> str:
+def _where_now(alloc: Allocation, pool: CpuSet, rule: Optional[Any], failure: str, trusted: bool) -> str:
+    """Where a released pod is now; the rule that pins it, and why a move failed, only for
+    the pods of a trusted CR (status.py's ``_pod`` says why)."""
     nodes = ",".join(str(n) for n in alloc.nodes)
     where = (f"NUMA node{'s' if len(alloc.nodes) > 1 else ''} {nodes}, cpuset {alloc.cpus(pool)}"
              + (f", memset {alloc.mems}" if str(alloc.mems) else ""))
     if alloc.source == "balance":
         return f"back to balance: {where}"
     if rule is not None:
-        return f"{where}, pinned by rule {rule.describe()}"
-    return f"stays on {where}" + (f": {failure}" if failure else "")
+        return f"{where}, pinned by rule {rule.describe()}" if trusted else f"{where}, pinned by another rule"
+    return f"stays on {where}" + (f": {failure}" if failure and trusted else "")

@@ -30,6 +30,7 @@ from anolisnuma.cluster.kubeconfig import load_kubeconfig
 from anolisnuma.cluster.oenumas import OenumaSet, RuleBook, RulesFile
 from anolisnuma.controller import Controller
 from anolisnuma.decision_events import DecisionEvents, no_events
+from anolisnuma.state.persist import StateFormatTooNew
 
 if TYPE_CHECKING:
     from anolisnuma.cluster.events import EventRecorder
@@ -120,14 +121,29 @@ class ClusterLink:
         self.watcher = OenumaWatcher(KubeClient(kubeconfig, timeout), self.crs,
                                      self.sync.wake, watch_timeout=config.watch_timeout_seconds,
                                      backoff_max=config.backoff_max_seconds)
-        saved = rules_file.load(node_name)
-        self.saved_crs = len(saved or ())
-        if saved:
-            self.crs.replace(saved)
-            self.sync.use_rules(persist=False)
+        self.saved_crs = self._load_saved(rules_file, node_name)
         log.info("Oenuma CRs watched from the API server", server=kubeconfig.server, node_name=node_name,
                  saved_crs=self.saved_crs, rules=len(self.rules()), status=config.write_status,
                  topology=config.topology, trusted_namespaces=config.trusted_namespaces)
+
+    def _load_saved(self, rules_file: Any, node_name: str) -> int:
+        """The CRs saved at the last pass, taken as if the API server had listed them (each
+        checked by the same code: one bad entry is dropped and reported alone); how many.
+        A file that cannot be taken at all is reported and the node starts without it:
+        never without the link (issue 33, H2)."""
+        try:
+            saved = rules_file.load(node_name)
+            if saved:
+                self.crs.replace(saved)
+                self.sync.use_rules(persist=False)
+            return len(saved or ())
+        except StateFormatTooNew:
+            raise   # (a newer daemon's file: left untouched, and said so by cluster_link)
+        except Exception as e:  # noqa: BLE001 - the saved rules are a convenience, the link is not
+            log.error("saved Oenuma rules unusable; starting without them (the API server's list replaces them)",
+                      path=rules_file.path, error_type=type(e).__name__, error=str(e)[:300])
+            self.crs.replace([])
+            return 0
 
     def controllers(self, wake_repin: Callable[[], None] = lambda: None) -> List[Controller]:
         """The watch and rules loops (with NUMA placement), the events and topology loops
@@ -142,7 +158,7 @@ class ClusterLink:
         return self.pod_events if self.pod_events is not None else no_events
 
     def rules(self) -> List[str]:
-        return [r.describe() for cr in self.sync.current for r in cr.rules] if self.sync is not None else []
+        return [r.describe() for r in self.sync.rules_in_order()] if self.sync is not None else []
 
     def status(self) -> Dict[str, Any]:
         """The connection, the CRs and the rules in force (plain data)."""

@@ -9,16 +9,24 @@ and its pod-name patterns: a pattern is tried against the name of every pod of i
 namespace at every lookup (``rule_index.py``; an exact name is one dict lookup), so a
 namespace the node does not trust has few.
 
-CRs are taken in order, those of trusted namespaces first (an administrator's CRs are not
-crowded out by a tenant's), then the others, each in namespace/name order; a CR that would
-go past a cap is refused whole, reported in its status entry and by a Warning event, and
-the ones after it may still fit. A namespace the node does not trust has its own cap, so
-that one tenant cannot take the whole node's budget from the others.
+Who gets what, computed afresh from the CRs in force at every pass (a count kept as CRs
+come and go drifted when a parse failed halfway: issue 33, H2):
+
+1. the CRs of trusted namespaces first, in namespace/name order, up to the node's cap: an
+   administrator's CRs are not crowded out by a tenant's;
+2. what is left is shared among the namespaces the node does not trust, max-min fair in
+   whole CRs: they take turns, the namespace with the fewest entries taken so far first,
+   each turn its next CR in name order (within its own caps). Four tenants at their own
+   cap no longer leave nothing for a fifth (issue 33, L5): each tenant's first CRs come
+   before any tenant's later ones;
+3. a CR that does not fit is refused whole (its status entry and a Warning event say why),
+   and the ones after it may still fit.
 """
 
 from __future__ import annotations
 
-from typing import AbstractSet, Callable, Dict, Iterable, Optional, Tuple
+import heapq
+from typing import AbstractSet, Dict, Iterable, List
 
 from anolisnuma.cluster.oenumas import CrRules, Key
 
@@ -28,63 +36,64 @@ MAX_NAMESPACE_PATTERNS = 16   # pod-name patterns, likewise: up to ~40 us each a
 
 
 def over_caps(crs: Iterable[CrRules], trusted: AbstractSet[str]) -> Dict[Key, str]:
-    """The CRs (of those naming this node) whose rules are not taken, and why."""
+    """The CRs (of those naming this node and parsed without error) whose rules are not
+    taken, and why. Pure: the same CRs give the same answer, whatever came before."""
     over: Dict[Key, str] = {}
-    total = 0
-    per_namespace: Dict[str, Tuple[int, int]] = {}   # entries, patterns
-    for cr in sorted(crs, key=_order(trusted)):
+    mine: List[CrRules] = []
+    tenants: Dict[str, List[CrRules]] = {}
+    for cr in sorted(crs, key=lambda c: c.key):
         if cr.error:
             continue
-        namespace = cr.key[0]
-        entries, patterns = per_namespace.get(namespace, (0, 0))
-        if namespace not in trusted and entries + cr.entries > MAX_NAMESPACE_ENTRIES:
-            over[cr.key] = (f"its {cr.entries} entries for this node would take namespace {namespace}'s past "
-                            f"{MAX_NAMESPACE_ENTRIES} (it has {entries} from Oenumas that come first)")
-            continue
-        if namespace not in trusted and patterns + cr.patterns > MAX_NAMESPACE_PATTERNS:
-            over[cr.key] = (f"its {cr.patterns} pod-name patterns for this node would take namespace {namespace}'s "
-                            f"past {MAX_NAMESPACE_PATTERNS} (it has {patterns} from Oenumas that come first)")
-            continue
+        if cr.key[0] in trusted:
+            mine.append(cr)
+        else:
+            tenants.setdefault(cr.key[0], []).append(cr)
+    total = 0
+    for cr in mine:
         if total + cr.entries > MAX_NODE_ENTRIES:
             over[cr.key] = (f"its {cr.entries} entries for this node would take the node's past "
                             f"{MAX_NODE_ENTRIES} (it has {total} from Oenumas that come first)")
             continue
         total += cr.entries
-        per_namespace[namespace] = (entries + cr.entries, patterns + cr.patterns)
+    # Untrusted namespaces take turns, the one with the fewest entries taken so far first
+    # (name order between equals), each turn its next CR in name order: max-min fair in
+    # whole CRs. A CR past the room left is refused; its namespace's next may still fit.
+    queues = {ns: _within_namespace_caps(crs, over) for ns, crs in tenants.items()}
+    turns = [(0, ns) for ns, queue in queues.items() if queue]
+    heapq.heapify(turns)
+    at = dict.fromkeys(queues, 0)
+    while turns:
+        used, ns = heapq.heappop(turns)
+        queue = queues[ns]
+        while at[ns] < len(queue):
+            cr = queue[at[ns]]
+            at[ns] += 1
+            if total + cr.entries <= MAX_NODE_ENTRIES:
+                total += cr.entries
+                heapq.heappush(turns, (used + cr.entries, ns))
+                break
+            over[cr.key] = (f"its {cr.entries} entries for this node would take the node's past "
+                            f"{MAX_NODE_ENTRIES} (it has {total}: the trusted namespaces' first, then the others' "
+                            f"shared in turns, {ns} having {used})")
     return over
 
 
-class NodeCaps:
-    """The entries of the parsed CRs counted as they come and go (:meth:`count`), so that
-    a pass looks at each CR (:func:`over_caps`) only when the totals say one may be over."""
-
-    def __init__(self, trusted: AbstractSet[str]) -> None:
-        self.trusted = trusted
-        self.total = 0
-        self.per_namespace: Dict[str, Tuple[int, int]] = {}   # entries, patterns
-
-    def count(self, cr: Optional[CrRules], sign: int) -> None:
-        if cr is None or cr.error:
-            return
+def _within_namespace_caps(crs: List[CrRules], over: Dict[Key, str]) -> List[CrRules]:
+    """The CRs of one untrusted namespace (in name order) within its own caps; the others
+    go into ``over`` with why."""
+    taken: List[CrRules] = []
+    entries = patterns = 0
+    for cr in crs:
         namespace = cr.key[0]
-        self.total += sign * cr.entries
-        entries, patterns = self.per_namespace.get(namespace, (0, 0))
-        left = (entries + sign * cr.entries, patterns + sign * cr.patterns)
-        if left[0]:
-            self.per_namespace[namespace] = left
-        else:
-            self.per_namespace.pop(namespace, None)
-
-    def over(self, parsed: Callable[[], Iterable[CrRules]]) -> Dict[Key, str]:
-        """The CRs over the caps now; ``parsed()`` gives every CR, called only when needed."""
-        if self.total <= MAX_NODE_ENTRIES and all(
-                entries <= MAX_NAMESPACE_ENTRIES and patterns <= MAX_NAMESPACE_PATTERNS
-                for ns, (entries, patterns) in self.per_namespace.items() if ns not in self.trusted):
-            return {}
-        return over_caps(parsed(), self.trusted)
-
-
-def _order(trusted: AbstractSet[str]):  # type: ignore[no-untyped-def]
-    def key(cr: CrRules) -> Tuple[bool, Key]:
-        return cr.key[0] not in trusted, cr.key
-    return key
+        if entries + cr.entries > MAX_NAMESPACE_ENTRIES:
+            over[cr.key] = (f"its {cr.entries} entries for this node would take namespace {namespace}'s past "
+                            f"{MAX_NAMESPACE_ENTRIES} (it has {entries} from Oenumas that come first)")
+            continue
+        if patterns + cr.patterns > MAX_NAMESPACE_PATTERNS:
+            over[cr.key] = (f"its {cr.patterns} pod-name patterns for this node would take namespace {namespace}'s "
+                            f"past {MAX_NAMESPACE_PATTERNS} (it has {patterns} from Oenumas that come first)")
+            continue
+        entries += cr.entries
+        patterns += cr.patterns
+        taken.append(cr)
+    return taken

@@ -31,12 +31,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
+import structlog
+
 from anolisnuma.fileread import MIB
-from anolisnuma.policies.numa.oenuma_bounds import entries_for_node
+from anolisnuma.policies.numa.oenuma_bounds import MAX_CPU_LIST, entries_for_node
 from anolisnuma.policies.numa.oenuma_cr import parse_cr
 from anolisnuma.policies.numa.rules import OENUMA_API_VERSION, OENUMA_KIND, PinRule, RuleFileError
 from anolisnuma.policies.numa.topology import NumaTopology
 from anolisnuma.state.persist import atomic_write_bytes, load_json_state
+
+log = structlog.get_logger("anolisnuma.cluster")
 
 Key = Tuple[str, str]   # (namespace, name)
 STATE_FILE = "cluster-oenumas.json"
@@ -64,6 +68,18 @@ def resource_version(obj: Any) -> str:
 
 
 def trim(obj: Dict[str, Any], node_name: str) -> Optional[Dict[str, Any]]:
+    """:func:`trim_cr`, and a CR that makes it fail is logged and left aside (None), as a
+    CR naming another node is: one object's failure is its own, never the watch's."""
+    try:
+        return trim_cr(obj, node_name)
+    except Exception as e:  # noqa: BLE001 - (issue 33: every object fails alone)
+        key = key_of(obj)
+        log.error("Oenuma CR could not be read; left aside", cr=f"{key[0]}/{key[1]}" if key else None,
+                  error_type=type(e).__name__, error=str(e)[:300])
+        return None
+
+
+def trim_cr(obj: Dict[str, Any], node_name: str) -> Optional[Dict[str, Any]]:
     """What is kept of a CR naming ``node_name`` (None when it does not name it): enough to
     make its rules and write its status. Of the spec, only this node's entries (their
     places in ``spec.node[]`` in ``nodeIndex``, for the reports); of a CR over the bounds,
@@ -85,8 +101,39 @@ def trim(obj: Dict[str, Any], node_name: str) -> Optional[Dict[str, Any]]:
         out["nodeIndex"] = [was[i] for i in at]
     else:
         out["nodeIndex"] = at
-    out["spec"] = {"node": [nodes[i] for i in at]}
+    out["spec"] = {"node": [_kept_entry(nodes[i]) for i in at]}
     return out
+
+
+# What a rule or a status reads of a node entry; nothing else of it is kept.
+_ENTRY_FIELDS = {"numa": ("numaNum", "cpuset", "memset"), "podAffinity": ("namespace", "podName", "numaNum")}
+
+
+def _kept_entry(entry: Dict[str, Any]) -> Dict[str, Any]:
+    """The fields of a node entry the rules read, with their values as they are when
+    scalars (the parser says what is wrong with them) and a placeholder naming the type
+    when not: a hostile CR's nested or unknown fields cost neither memory nor the time of a
+    comparison, a repr or a save."""
+    out: Dict[str, Any] = {"name": entry["name"]}
+    for key, fields in _ENTRY_FIELDS.items():
+        if key not in entry:
+            continue
+        items = entry[key]
+        if not isinstance(items, list):
+            out[key] = _scalar(items)
+            continue
+        out[key] = [{f: _scalar(item[f]) for f in fields if f in item} if isinstance(item, dict) else _scalar(item)
+                    for item in items]
+    return out
+
+
+def _scalar(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        # (the fields the bounds check are at most this long already: this cuts the others)
+        return value[:MAX_CPU_LIST]
+    return f"<{type(value).__name__}>"
 
 
 class OenumaSet:
@@ -196,6 +243,7 @@ class CrRules:
     refused: bool = False
     entries: int = 1
     patterns: int = 0
+    trusted: bool = True    # of a namespace the node trusts (what its status and events may tell)
 
     @property
     def ref(self) -> str:
@@ -234,15 +282,21 @@ class RuleBook:
         meta = obj.get("metadata") or {}
         generation = meta.get("generation")
         cr = CrRules(key=key, generation=generation if isinstance(generation, int) else 0,
-                     uid=str(meta.get("uid") or "")[:64])
+                     uid=str(meta.get("uid") or "")[:64], trusted=key[0] in self.trusted)
         refused = obj.get("refused")
         if isinstance(refused, str):
             cr.error, cr.refused = f"refused, not parsed: {refused}", True
             return cr
         try:
-            parsed = parse_cr(obj, f"apiserver {cr.ref}", self.node_name, self.topology, key[0] in self.trusted)
+            parsed = parse_cr(obj, f"apiserver {cr.ref}", self.node_name, self.topology, cr.trusted)
         except RuleFileError as e:
             cr.error = " ".join(str(e).split())[:400]
+            return cr
+        except Exception as e:  # noqa: BLE001 - whatever a CR makes the parser do is that CR's alone
+            # (issue 33, H2: a MemoryError here once broke the pass for every CR after it)
+            log.error("Oenuma CR could not be parsed; skipped as malformed", cr=cr.ref, error_type=type(e).__name__,
+                      error=str(e)[:300])
+            cr.error = f"could not be parsed ({type(e).__name__})"
             return cr
         cr.rules, cr.problems, cr.refusals = parsed.rules, parsed.problems, parsed.refusals
         cr.entries, cr.patterns = parsed.entries, parsed.patterns

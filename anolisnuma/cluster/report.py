@@ -129,7 +129,9 @@ class StatusReporter:
                 self._left[key] = None
                 continue
             if self.pods_told is not None:
-                self.pods_told.gone(key)   # (a CR made again tells its pods again)
+                made_of = self._inputs.get(key)
+                # (a CR made again tells its pods again)
+                self.pods_told.gone(key, trusted=made_of is not None and made_of[0].trusted)
             if key in self._written and self._apply(CrRules(key=key, generation=0, uid=""), None):
                 self.removals += 1
                 done += 1

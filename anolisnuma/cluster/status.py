@@ -25,6 +25,7 @@ from anolisnuma.policies.numa.rules import PinRule
 MAX_PODS = 200       # per entry: a status stays small whatever the patterns match
 MAX_PROBLEMS = 20
 ABSENT = "no pod of this name is placed on this node"
+UNTOLD_FAILURE = "not placed by the rule"
 ABSENT_UNTRUSTED = (ABSENT + " (an Oenuma of a namespace this node does not trust pins only pods its [numa] "
                     "selection manages)")
 
@@ -66,7 +67,7 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
                 if (a.namespace, a.name) in seen:
                     continue
                 seen.add((a.namespace, a.name))
-                pods.append(_pod(a, rule, pool, rule_of(a), pending, failure(a.pod_uid)))
+                pods.append(_pod(a, rule, pool, rule_of(a), pending, failure(a.pod_uid), cr.trusted))
     pods.sort(key=lambda p: (p["namespace"], p["name"]))
     more = len(pods) - MAX_PODS
     problems = ([cr.error] if cr.error else cr.refusals + cr.problems)
@@ -102,15 +103,20 @@ def node_entry(node_name: str, cr: CrRules, allocations: List[Allocation], pool:
 
 
 def _pod(a: Allocation, rule: PinRule, pool: CpuSet, winner: Optional[PinRule], pending: Set[str],
-         failure: str) -> Dict[str, Any]:
+         failure: str, trusted: bool) -> Dict[str, Any]:
+    """One pod's line. What it says of other rules and of why a rule failed is told only on
+    a trusted CR: the rule that comes first may be root's (a rule file's path, its
+    patterns) and a failure's words may name other pods; a tenant's CR gets the state and
+    a fixed reason (issue 33, L2)."""
     out: Dict[str, Any] = {"namespace": a.namespace, "name": a.name, "uid": a.pod_uid,
                            "numaNodes": list(a.nodes), "cpuset": str(a.cpus(pool)), "memset": str(a.mems)}
     if winner != rule:
-        out.update(state="Overridden", reason=f"{winner.describe() if winner else 'another rule'} comes first")
+        who = winner.describe() if winner is not None and trusted else "another rule"
+        out.update(state="Overridden", reason=f"{who} comes first")
     elif a.pod_uid in pending:
         out.update(state="Pending", reason="being re-pinned")
     elif a.source != "rule":
-        out.update(state="Failed", reason=failure or "not placed by the rule")
+        out.update(state="Failed", reason=(failure if trusted else "") or UNTOLD_FAILURE)
     else:
         out["state"] = "Pinned"
     return out

@@ -33,10 +33,11 @@ from typing import Any, Callable, Dict, List, Optional
 import structlog
 
 from anolisnuma.cluster.events import Event, EventRecorder, oenuma_regarding
-from anolisnuma.cluster.node_caps import NodeCaps
+from anolisnuma.cluster.node_caps import over_caps
 from anolisnuma.cluster.oenumas import CrRules, Key, OenumaSet, RuleBook, RulesFile, key_of
 from anolisnuma.cluster.report import StatusReporter
 from anolisnuma.controller import Controller
+from anolisnuma.policies.numa.rules import PinRule
 
 log = structlog.get_logger("anolisnuma.cluster")
 
@@ -68,7 +69,6 @@ class ClusterSync(Controller):
         self._by_key: Dict[Key, CrRules] = {}   # what each CR means now (refused when past the caps)
         self._parsed: Dict[Key, CrRules] = {}   # what each CR's parse made of it
         self._capped: Dict[Key, CrRules] = {}   # the refusal of each CR past the caps
-        self._caps = NodeCaps(book.trusted)
         self._order: List[Key] = []           # the keys of current, in its order
         self._unreported: Dict[Key, Optional[CrRules]] = {}   # changed since the last report (None: gone)
         self._version: Optional[int] = None
@@ -91,7 +91,8 @@ class ClusterSync(Controller):
         "nothing new"; and the rules go to the placement service only when some CR's rules
         differ: a CR whose spec changed and whose rules did not (a field the rules do not
         read, another node's entry) costs its parse and its status entry, nothing more.
-        The node's caps look at every CR only when the counts say some CR may be past them."""
+        The node's caps are computed from the CRs parsed, at every pass that changed one
+        (``node_caps.py``): nothing is counted as CRs come and go, so nothing drifts."""
         with self._lock:
             if self.crs.version == self._version:
                 return False
@@ -100,14 +101,11 @@ class ClusterSync(Controller):
             if not changed:
                 return False
             for key, obj in changed.items():
-                was = self._parsed.get(key)
-                self._caps.count(was, -1)
-                cr = self._take(key, obj, was)
-                self._caps.count(cr, +1)
+                self._take_alone(key, obj)
                 # (a CR at the bounds takes a few ms to parse: the relay, waiting for the
                 # interpreter lock meanwhile, gets it between two rather than after many)
                 time.sleep(0)
-            over = self._caps.over(lambda: list(self._parsed.values()))
+            over = over_caps(self._parsed.values(), self.book.trusted)
             rules_changed = members_changed = False
             touched = []
             for key in set(changed) | set(self._capped) | set(over):
@@ -136,10 +134,10 @@ class ClusterSync(Controller):
                         crs[bisect.bisect_left(self._order, key)] = self._by_key[key]
                 self.current = crs
             crs = self.current
-            changed_rules = rules_changed and self.placement.set_cluster_rules([r for cr in crs for r in cr.rules])
+            changed_rules = rules_changed and self.placement.set_cluster_rules(self.rules_in_order())
             if changed_rules:
                 self.rule_changes += 1
-                rules = [r for cr in crs for r in cr.rules]
+                rules = self.rules_in_order()
                 # (the first ones: at the node's caps the whole list would be a line of 100s of kB)
                 log.info("NUMA placement rules from Oenuma CRs", crs=[cr.ref for cr in crs[:LOGGED]],
                          crs_total=len(crs), rules=[r.describe() for r in rules[:LOGGED]], rules_total=len(rules),
@@ -151,6 +149,27 @@ class ClusterSync(Controller):
             elif not persist:
                 self._persisted = version   # (they were read from the file)
             return changed_rules
+
+    def rules_in_order(self) -> List[PinRule]:
+        """The rules of the CRs in force, those of trusted namespaces first (the first rule
+        naming a pod wins: a tenant's CR never overrides an administrator's, whatever the
+        names of their namespaces), each group in namespace/name order."""
+        trusted = self.book.trusted
+        first = [r for cr in self.current if cr.key[0] in trusted for r in cr.rules]
+        return first + [r for cr in self.current if cr.key[0] not in trusted for r in cr.rules]
+
+    def _take_alone(self, key: Key, obj: Optional[Dict[str, Any]]) -> None:
+        """:meth:`_take`, and whatever goes wrong in it stays this CR's: it is marked
+        malformed, and the pass goes on with the others."""
+        try:
+            self._take(key, obj, self._parsed.get(key))
+        except Exception as e:  # noqa: BLE001 - one CR's failure is its own (issue 33, H2)
+            log.error("Oenuma CR skipped: it could not be taken", cr=f"{key[0]}/{key[1]}", error_type=type(e).__name__,
+                      error=str(e)[:300])
+            if obj is None:
+                self._parsed.pop(key, None)
+            else:
+                self._parsed[key] = CrRules(key=key, generation=0, uid="", error=f"could not be read ({type(e).__name__})")
 
     def _effective(self, key: Key, over: Optional[str]) -> Optional[CrRules]:
         """What the CR of ``key`` means now: its parse, or its refusal when ``over`` says why

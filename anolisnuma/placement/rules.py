@@ -70,6 +70,11 @@ class PlacementRules:
                 r, p = parse_oenuma_documents(documents, path, self.node_name, self.topology)
             except RuleFileError as e:
                 problems.append(f"rule file {path} skipped: {' '.join(str(e).split())[:400]}")
+                self.rule_files_skipped += 1
+                continue
+            except Exception as e:  # noqa: BLE001 - one file's failure is its own (issue 33)
+                problems.append(f"rule file {path} skipped: it could not be parsed ({type(e).__name__})")
+                self.rule_files_skipped += 1
                 continue
             rules.extend(r)
             problems.extend(p)

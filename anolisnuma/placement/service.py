@@ -122,6 +122,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         self._cluster_rules: List[PinRule] = []
         self._rules_dirty = False        # rules changed since running pods were last re-pinned
         self._rule_failures: Dict[str, str] = {}   # pod uid -> why its rule could not be applied
+        self.rule_files_skipped = 0      # rule files skipped as malformed, since start (a file read again counts again)
         self.decisions: DecisionEvents = no_events   # told each placement and failed move (the daemon wires it)
         self.reload_rules()
         self._load_state()

@@ -193,33 +193,77 @@ def union_all(sets: Iterable[CpuSet]) -> CpuSet:
     return CpuSet.from_mask(mask)
 
 
-@lru_cache(maxsize=4096)
+# Numbers are at most this many digits: MAX_CPU has 5, and a longer one is refused before
+# int() reads it (int() of a long digit string costs time quadratic in its length, and
+# raises its own ValueError past sys.get_int_max_str_digits()).
+_MAX_DIGITS = 10
+
+# Only short lists are cached: a node's cpulist or the kubelet's defaultCpuSet are a few
+# dozen characters, and a cache of 4096 entries must not hold 4096 hostile megabytes.
+_CACHED_MAX_CHARS = 256
+
+
 def _parse_mask(text: str) -> int:
+    if len(text) <= _CACHED_MAX_CHARS:
+        return _parse_mask_cached(text)
+    return _parse_mask_uncached(text)
+
+
+@lru_cache(maxsize=4096)
+def _parse_mask_cached(text: str) -> int:
     # Cached: the same few strings (a node's cpulist, the kubelet's defaultCpuSet) are
     # parsed over and over on the hot path.
+    return _parse_mask_uncached(text)
+
+
+def _parse_mask_uncached(text: str) -> int:
     body = text.strip()
     if not body:
         return 0
     mask = 0
     for raw in body.split(","):
-        item = raw.strip()
-        m = _ITEM.match(item)
-        if m is None:
-            raise CpuSetError(f"invalid CPU list {text.strip()!r}: bad item {item!r}")
-        first = int(m.group(1))
-        last = int(m.group(2)) if m.group(2) is not None else first
-        if last < first:
-            raise CpuSetError(f"invalid CPU list {text.strip()!r}: range {item!r} is reversed")
-        if last > MAX_CPU:
-            raise CpuSetError(f"invalid CPU list {text.strip()!r}: {last} is above {MAX_CPU}")
-        run = ((1 << (last - first + 1)) - 1) << first
-        if m.group(3) is not None:
-            used, group = int(m.group(3)), int(m.group(4))
-            if group == 0 or used == 0 or used > group:
-                raise CpuSetError(f"invalid CPU list {text.strip()!r}: bad group {item!r}")
-            pattern = 0
-            for start in range(first, last + 1, group):
-                pattern |= ((1 << used) - 1) << start
-            run &= pattern
-        mask |= run
+        mask |= _item_mask(raw.strip(), text)
     return mask
+
+
+def _item_mask(item: str, text: str) -> int:
+    """The bits of one item (``N``, ``A-B`` or ``A-B:U/G``). Its cost is bounded by
+    ``MAX_CPU`` bits whatever its numbers say: every number is checked before it is used
+    to size anything."""
+    m = _ITEM.match(item)
+    if m is None:
+        raise CpuSetError(f"invalid CPU list {_quoted(text)}: bad item {_quoted(item)}")
+    if any(g is not None and len(g) > _MAX_DIGITS for g in m.groups()):
+        raise CpuSetError(f"invalid CPU list {_quoted(text)}: a number in {_quoted(item)} is above {MAX_CPU}")
+    first = int(m.group(1))
+    last = int(m.group(2)) if m.group(2) is not None else first
+    if last < first:
+        raise CpuSetError(f"invalid CPU list {_quoted(text)}: range {_quoted(item)} is reversed")
+    if last > MAX_CPU:
+        raise CpuSetError(f"invalid CPU list {_quoted(text)}: {last} is above {MAX_CPU}")
+    width = last - first + 1
+    if m.group(3) is None:
+        return ((1 << width) - 1) << first
+    used, group = int(m.group(3)), int(m.group(4))
+    # (the kernel's bitmap_parselist refuses the same: no group, or more used than a group has)
+    if group == 0 or used == 0 or used > group:
+        raise CpuSetError(f"invalid CPU list {_quoted(text)}: bad group {_quoted(item)}")
+    return _grouped(width, min(used, width), min(group, width)) << first
+
+
+def _grouped(width: int, used: int, group: int) -> int:
+    """``width`` bits in which the first ``used`` of every ``group`` are set. The pattern
+    doubles until it covers the width: a few shifts of at most ``width`` bits each, so the
+    cost is linear in the CPUs the range spans (it was one shift per group before: a
+    quadratic loop for ``0-65535:1/1``)."""
+    pattern, span = (1 << used) - 1, group
+    while span < width:
+        pattern |= pattern << span
+        span *= 2
+    return pattern & ((1 << width) - 1)
+
+
+def _quoted(text: str, limit: int = 64) -> str:
+    """``text`` for an error message, cut: the message of a hostile megabyte is short."""
+    text = text.strip()
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"

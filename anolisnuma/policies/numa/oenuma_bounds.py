@@ -21,6 +21,7 @@ entries are that node's to check.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from anolisnuma.policies.numa.glob import wildcard_count
@@ -38,12 +39,20 @@ MAX_NUMA_NUM = 1023        # the kernel's MAX_NUMNODES is at most 1024
 _LOWER = "abcdefghijklmnopqrstuvwxyz0123456789"
 POD_NAME_CHARS = frozenset(_LOWER + "-.*?")
 NAMESPACE_CHARS = frozenset(_LOWER + "-*?")
-CPU_LIST_CHARS = frozenset("0123456789,-:/ ")
 
 # The CRD's patterns for the same (ECMA-262, checked by the API server in linear time).
 POD_NAME_PATTERN = r"^[-a-z0-9.]*([*?][-a-z0-9.]*){0,8}$"
 NAMESPACE_PATTERN = r"^[-a-z0-9]*([*?][-a-z0-9]*){0,8}$"
-CPU_LIST_PATTERN = r"^[-0-9,:/ ]*$"
+# A CPU or node list of a CR: numbers 0-65535 (CpuSet's MAX_CPU) and ranges of them, comma
+# separated, spaces around items. Not the kernel's grouped form (`A-B:U/G`), which root's
+# rule files keep: a CR names the CPUs of a NUMA node, and that form was the door of a
+# string whose parse cost gigabytes (issue 33, H1). The daemon matches CRs to the same
+# expression (CPU_LIST_RE), so what the API server lets through is what the node reads.
+_CPU = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
+_CPU_ITEM = _CPU + "(-" + _CPU + ")?"
+_CPU_LIST = " *(" + _CPU_ITEM + "( *, *" + _CPU_ITEM + ")*)? *"
+CPU_LIST_PATTERN = "^" + _CPU_LIST + "$"
+CPU_LIST_RE = re.compile(_CPU_LIST)   # (fullmatch: Python's `$` would let a newline through)
 
 
 def entries_for_node(obj: Any, node_name: str) -> Tuple[Optional[List[int]], str]:
@@ -113,8 +122,9 @@ def _check_numa(item: Any, where: str) -> str:
         if isinstance(value, str):
             if len(value) > MAX_CPU_LIST:
                 return f"{where}.{key}: {len(value)} characters, more than {MAX_CPU_LIST}"
-            if not CPU_LIST_CHARS.issuperset(value):
-                return f"{where}.{key}: characters other than digits, ',', '-', ':', '/' and ' '"
+            if CPU_LIST_RE.fullmatch(value) is None:
+                return (f"{where}.{key}: not a list of CPU numbers (0-65535) and ranges of them, "
+                        "such as 0-3,8 (an Oenuma has no kernel grouped ranges A-B:U/G)")
     return _check_numa_num(item.get("numaNum"), f"{where}.numaNum")
 
 

@@ -10,7 +10,8 @@ cluster's RBAC lets one. So what it may do depends on its namespace:
 - any other CR may name pods of its own namespace only, by name or by a pattern over names
   there, and pins only pods the node manages anyway (``PinRule.selects`` False). A
   ``podAffinity`` entry naming another namespace or a namespace pattern, and a ``numa[]``
-  table (with the entries pinning to its NUMA nodes), are refused: listed in ``refusals``,
+  table (with the entries pinning to its NUMA nodes; its CPU lists are refused unread), are
+  refused: listed in ``refusals``,
   which the rules loop reports in the CR's status entry for this node and as a Warning
   event on the CR. The rest of the CR applies.
 
@@ -60,7 +61,8 @@ def parse_cr(obj: Any, source: str, node_name: str, topology: NumaTopology, trus
     rule_source = f"{source} ({OENUMA_KIND} {cr_name})"
     for ni, entry in zip(positions, node_list):
         at = f"spec.node[{ni}]"
-        name, numa_table, affinity = read_node_entry(entry, at, cr_namespace)
+        # (an untrusted CR's numa[] is refused whole: its CPU lists are not even parsed)
+        name, numa_table, affinity = read_node_entry(entry, at, cr_namespace, cpu_lists=trusted)
         if name.strip().lower() != want:
             continue
         out.entries += len(numa_table) + len(affinity)

@@ -190,15 +190,19 @@ NumaTable = Dict[int, Tuple[Optional[CpuSet], Optional[CpuSet]]]
 Affinity = List[Tuple[str, str, int, str]]   # (namespace, pod name, numaNum, where)
 
 
-def read_node_entry(entry: Any, at: str, default_namespace: str) -> Tuple[str, NumaTable, Affinity]:
+def read_node_entry(entry: Any, at: str, default_namespace: str,
+                    cpu_lists: bool = True) -> Tuple[str, NumaTable, Affinity]:
     """``(name, numa table, podAffinity)`` of one ``spec.node[]`` entry; RuleFileError
-    when it is malformed."""
+    when it is malformed. ``cpu_lists=False``: the table's ``cpuset``/``memset`` are not
+    read (None in the table): the entry's ``numa[]`` is refused whole, and what is refused
+    is not parsed."""
     if not isinstance(entry, dict):
         raise RuleFileError(f"{at} is not a mapping")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
         raise RuleFileError(f"{at}.name is missing or not a string")
-    return name, _numa_table(entry.get("numa"), at), _affinity(entry.get("podAffinity"), at, default_namespace)
+    return (name, _numa_table(entry.get("numa"), at, cpu_lists),
+            _affinity(entry.get("podAffinity"), at, default_namespace))
 
 
 def _int(value: Any, at: str) -> int:
@@ -220,7 +224,7 @@ def _cpu_list(value: Any, at: str) -> Optional[CpuSet]:
         raise RuleFileError(f"{at}: {e}") from e
 
 
-def _numa_table(value: Any, at: str) -> NumaTable:
+def _numa_table(value: Any, at: str, cpu_lists: bool = True) -> NumaTable:
     if value is None:
         return {}
     if not isinstance(value, list):
@@ -230,6 +234,9 @@ def _numa_table(value: Any, at: str) -> NumaTable:
         if not isinstance(item, dict):
             raise RuleFileError(f"{at}.numa[{i}] is not a mapping")
         num = _int(item.get("numaNum"), f"{at}.numa[{i}].numaNum")
+        if not cpu_lists:
+            table[num] = (None, None)
+            continue
         table[num] = (_cpu_list(item.get("cpuset"), f"{at}.numa[{i}].cpuset"),
                       _cpu_list(item.get("memset"), f"{at}.numa[{i}].memset"))
     return table

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from anolisnuma.policies.numa import oenuma_bounds as b
+from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.oenuma_bounds import entries_for_node
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -43,7 +44,13 @@ def test_a_cr_within_the_bounds_gives_this_nodes_entries() -> None:
     ({"podAffinity": [{"podName": "w", "numaNum": 5000}]}, "numaNum: outside 0-1023"),
     ({"numa": [{"numaNum": i} for i in range(65)]}, "numa: 65 entries for this node, more than the 64"),
     ({"numa": [{"numaNum": 0, "cpuset": "0," * 600}]}, "cpuset: 1200 characters, more than 1024"),
-    ({"numa": [{"numaNum": 0, "memset": "zero"}]}, "memset: characters other than digits"),
+    ({"numa": [{"numaNum": 0, "memset": "zero"}]}, "memset: not a list of CPU numbers"),
+    # (issue 33, H1: the kernel's grouped form, whose parse cost gigabytes, is no CR's)
+    ({"numa": [{"numaNum": 0, "cpuset": "0-0:2147483648/2147483648"}]}, "cpuset: not a list of CPU numbers"),
+    ({"numa": [{"numaNum": 0, "cpuset": "0-0:18446744073709551616/18446744073709551616"}]},
+     "cpuset: not a list of CPU numbers"),
+    ({"numa": [{"numaNum": 0, "cpuset": ",".join(["0-65535:1/1"] * 85)}]}, "cpuset: not a list of CPU numbers"),
+    ({"numa": [{"numaNum": 0, "memset": "65536"}]}, "memset: not a list of CPU numbers"),
 ])
 def test_a_cr_over_a_bound_is_refused_naming_it_by_size_not_text(entry: Dict[str, Any], found: str) -> None:
     at, why = entries_for_node(cr(entry), NODE)
@@ -93,3 +100,16 @@ def test_the_crds_pattern_and_the_daemons_check_agree(text: str) -> None:
     crd = re.fullmatch(b.NAMESPACE_PATTERN.strip("^$"), text) is not None
     daemon = b._check_name(text, "namespace", b.MAX_NAMESPACE, b.NAMESPACE_CHARS) == ""
     assert crd == daemon, text
+
+
+@pytest.mark.parametrize("text", ["0-3", " 0-3 , 8,10-11 ", "", "65535", "0-65535", "65536", "99999", "0-3:1/2",
+                                  "0-3,", ",0", "0 - 3", "0-3\n", "1-2-3", "0x3", "9" * 30, "3-1"])
+def test_the_crds_cpu_list_pattern_is_what_the_daemon_reads(text: str) -> None:
+    """What the API server lets through for a cpuset (Go's RE2 and Python's re read the
+    pattern alike), the daemon's bound takes, and CpuSet parses unless it is a reversed
+    range (which the rule reader reports as malformed); what it refuses, the bound refuses."""
+    crd = re.fullmatch(b.CPU_LIST_PATTERN[1:-1], text) is not None
+    daemon = b._check_numa({"cpuset": text}, "numa[0]") == ""
+    assert crd == daemon, text
+    if crd and text != "3-1":
+        CpuSet.parse(text)

@@ -52,6 +52,24 @@ def test_an_untrusted_crs_pods_on_a_refused_numa_entry_are_not_pinned() -> None:
                                    for r in out.refusals)
 
 
+def test_an_untrusted_crs_numa_table_is_refused_before_its_cpu_lists_are_read(monkeypatch) -> None:
+    # given an untrusted CR whose numa[] lists are malformed (a reversed range) and
+    # whatever else (the parse of such a list was the door of issue 33's H1)
+    parsed: List[str] = []
+    real = CpuSet.parse
+    monkeypatch.setattr(CpuSet, "parse", classmethod(lambda cls, text: parsed.append(text) or real(text)))
+    hostile = cr("t", [{"podName": "web", "numaNum": 1}],
+                 numa=[{"numaNum": 0, "cpuset": "9-2", "memset": "0-0:1/18446744073709551616"}])
+    # when it is parsed untrusted, then the table is refused unread and the rest applies
+    out = parse_cr(hostile, "apiserver t/plan", NODE, TOPO, trusted=False)
+    assert parsed == []
+    assert [(r.namespace, r.name, r.nodes) for r in out.rules] == [("t", "web", (1,))]
+    assert any("numa[] table" in why for why in out.refusals)
+    # and trusted, the same CR is malformed, said by the parser's own error
+    with pytest.raises(RuleFileError, match="reversed"):
+        parse_cr(hostile, "apiserver t/plan", NODE, TOPO, trusted=True)
+
+
 def test_a_trusted_cr_may_do_what_a_rule_file_may() -> None:
     out = parse_cr(HOSTILE, "apiserver tenant-a/plan", NODE, TOPO, trusted=True)
     assert out.refusals == []
