@@ -45,7 +45,7 @@ def one_pass(scale: int, report: str, log: str) -> List[str]:
                               fuzzing.ENV_REPORT: report})
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", "tests/fuzz"],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    failed = re.findall(r"^FAILED (\S+)", run.stdout, re.M)
+    failed = re.findall(r"^FAILED (.+?)(?: - .*)?$", run.stdout, re.M)
     if run.returncode != 0:
         with open(log, "a") as f:
             f.write(run.stdout)

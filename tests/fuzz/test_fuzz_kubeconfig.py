@@ -98,7 +98,7 @@ def test_a_kubeconfig_is_checked_or_refused_naming_the_key(home, data):
 
 
 @pytest.mark.parametrize("text", [UNHASHABLE_CONTEXT, BAD_IPV6, NUL_IN_A_NAME, TOO_DEEP],
-                         ids=["unhashable current-context", "server not a URL", "NUL in a file name", "too deep"])
+                         ids=["unhashable-current-context", "server-not-a-url", "nul-in-a-file-name", "too-deep"])
 def test_the_inputs_found_are_refused_naming_the_key(home, text):
     test_a_kubeconfig_is_checked_or_refused_naming_the_key.hypothesis.inner_test(home, text.encode())
 
