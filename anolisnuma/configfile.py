@@ -39,7 +39,9 @@ class ConfigError(Exception):
 
 def load_toml(path: str) -> Dict[str, Any]:
     """Parse a TOML file; a missing or unreadable file, one that is not a regular file or
-    is larger than :data:`CONFIG_MAX_BYTES`, or bad syntax raises :class:`ConfigError`."""
+    is larger than :data:`CONFIG_MAX_BYTES`, bad syntax, or a value tomllib cannot read (an
+    integer of thousands of digits, nesting past the recursion limit) raises
+    :class:`ConfigError`."""
     try:
         return tomllib.loads(read_regular_file(path, CONFIG_MAX_BYTES).decode("utf-8"))
     except RefusedFile as e:
@@ -50,6 +52,10 @@ def load_toml(path: str) -> Dict[str, Any]:
         raise ConfigError("", f"{path} is not valid TOML: {e}") from e
     except UnicodeDecodeError as e:  # TOML is UTF-8
         raise ConfigError("", f"{path} is not UTF-8 text (byte {e.start}): {e.reason}") from e
+    except ValueError as e:  # tomllib's own besides TOMLDecodeError: an integer longer than int() reads
+        raise ConfigError("", f"{path} is not valid TOML: {str(e).split(';')[0]}") from e
+    except RecursionError:  # tomllib recurses once per level of nested arrays and inline tables
+        raise ConfigError("", f"{path} is not valid TOML: arrays or tables nested too deeply") from None
 
 
 class Table:

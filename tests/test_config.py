@@ -224,6 +224,21 @@ def test_syntax_error_and_missing_file(tmp_path):
         Config.load(str(tmp_path / "missing.toml"))
 
 
+@pytest.mark.parametrize("value, said", [
+    ("1" + "0" * 5000, "value has 5001 digits"),                    # int()'s digit limit: ValueError before
+    ("[" * 3000 + "]" * 3000, "nested too deeply"),                 # RecursionError before
+    ("{a = " * 3000 + "1" + "}" * 3000, "nested too deeply"),
+])
+def test_a_value_tomllib_cannot_read_is_a_config_error(tmp_path, value, said):
+    # given a value tomllib raises on with another error than its TOMLDecodeError
+    bad = tmp_path / "hostile.toml"
+    bad.write_text(f"[server]\nmax_connections = {value}\n")
+    # when the configuration is loaded, then it is refused as invalid TOML, saying why
+    with pytest.raises(ConfigError, match="not valid TOML") as e:
+        Config.load(str(bad))
+    assert said in str(e.value) and "set_int_max_str_digits" not in str(e.value)
+
+
 # ---------------------------------------------------------------- what sits at the path
 
 def _load_within(path: str, seconds: float = 10.0) -> BaseException:

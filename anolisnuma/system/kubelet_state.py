@@ -19,9 +19,11 @@ import json
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import structlog
+
+from anolisnuma.fileread import RefusedFile, read_regular_file
 
 log = structlog.get_logger("anolisnuma.numa")
 
@@ -43,12 +45,15 @@ class RawCpuManagerState:
 ABSENT = RawCpuManagerState()
 
 
-def parse_cpu_manager_state(text: str) -> RawCpuManagerState:
-    """The checkpoint in ``text``; raises :class:`KubeletStateError` when it is not one."""
+def parse_cpu_manager_state(text: Union[str, bytes]) -> RawCpuManagerState:
+    """The checkpoint in ``text`` (bytes: UTF-8); raises :class:`KubeletStateError` when it
+    is not one."""
     try:
         data = json.loads(text)
-    except ValueError as e:
+    except ValueError as e:   # (UnicodeDecodeError too)
         raise KubeletStateError(f"not JSON: {e}") from e
+    except RecursionError:    # arrays or objects nested past the decoder's recursion
+        raise KubeletStateError("not JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise KubeletStateError("not a JSON object")
     policy = data.get("policyName", "")
@@ -77,13 +82,17 @@ def parse_cpu_manager_state(text: str) -> RawCpuManagerState:
 
 def read_cpu_manager_state(path: str) -> RawCpuManagerState:
     """The checkpoint at ``path``; :data:`ABSENT` when there is no file. Raises
-    :class:`KubeletStateError` (unparseable) or OSError (unreadable)."""
+    :class:`KubeletStateError` (unparseable, not a regular file, over 16 MiB) or OSError
+    (unreadable)."""
     try:
-        with open(path) as f:
-            text = f.read(_MAX_FILE)
+        # (bytes: not the locale's encoding, which may be ASCII; and read as it grows, not
+        # into a buffer of the whole cap made for every read of a file of a few hundred bytes)
+        data = read_regular_file(path, _MAX_FILE)
     except FileNotFoundError:
         return ABSENT
-    return parse_cpu_manager_state(text)
+    except RefusedFile as e:
+        raise KubeletStateError(str(e)) from None
+    return parse_cpu_manager_state(data)
 
 
 Signature = Optional[Tuple[int, int, int]]

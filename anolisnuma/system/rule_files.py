@@ -7,7 +7,13 @@ node's whole cpuset), so it is read like the configuration
 there cannot block the re-read), at most 1 MiB, that only root may change, along its path
 too. A file someone else may change is skipped, named in the problems with who may change
 it and the command that fixes it; fixing it (``chmod``, ``chown``: the file's ctime moves)
-makes the next poll read it again."""
+makes the next poll read it again.
+
+What a file's YAML stands for is bounded by its text: an alias (``*name``) stands for its
+anchor's whole tree again, so a few hundred bytes of anchors and aliases can stand for
+billions of entries, which the rule parser (and every message quoting a value) would walk.
+A file whose documents hold more values than its text has bytes is skipped, as is one
+nested deeper than the YAML reader goes (its recursion limit)."""
 
 from __future__ import annotations
 
@@ -21,6 +27,10 @@ from anolisnuma.trusted_file import read_trusted_file
 
 RULE_FILE_SUFFIXES = (".yaml", ".yml")
 MAX_RULE_FILE = 1 << 20
+# YAML without aliases holds at most about one value per byte of text (`{a,b,...}`: a key
+# and its null for each `a,`): two per byte is more than such a file can hold, and few
+# enough that a walk of the values costs time linear in the file.
+VALUES_PER_BYTE = 2
 
 
 class RuleDirectory:
@@ -66,9 +76,43 @@ class RuleDirectory:
             path = os.path.join(self.path, name)
             try:
                 data = read_trusted_file(path, MAX_RULE_FILE).data
-                files.append((path, list(yaml.safe_load_all(data.decode("utf-8")))))
+                documents = list(yaml.safe_load_all(data.decode("utf-8")))
             except RefusedFile as e:   # (its message starts with the path)
                 problems.append(f"rule file skipped: {' '.join(str(e).split())[:400]}")
+                continue
             except (OSError, ValueError, yaml.YAMLError) as e:   # (UnicodeDecodeError is a ValueError)
                 problems.append(f"rule file {path} skipped: {' '.join(str(e).split())[:400]}")
+                continue
+            except RecursionError:   # (the reader recurses once per level of nesting)
+                problems.append(f"rule file {path} skipped: nested too deeply")
+                continue
+            limit = VALUES_PER_BYTE * len(data) + 16
+            if not values_within(documents, limit):
+                problems.append(f"rule file {path} skipped: its YAML aliases stand for more than {limit} values, "
+                                f"more than its {len(data)} bytes hold written out")
+                continue
+            files.append((path, documents))
         return files, problems
+
+
+def values_within(documents: List[Any], limit: int) -> bool:
+    """Whether ``documents`` hold at most ``limit`` values (mappings, lists, keys and
+    scalars), every alias counted as what it stands for. Walked without recursion, each
+    value counted before it is put on the stack: the walk stops at the limit and costs no
+    more than it, whatever the aliases (a list holding itself too)."""
+    stack = list(documents)
+    count = len(stack)
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            count += 2 * len(value)
+            if count > limit:
+                return False
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            count += len(value)
+            if count > limit:
+                return False
+            stack.extend(value)
+    return count <= limit

@@ -52,6 +52,44 @@ def test_malformed_checkpoints_are_errors(text):
         parse_cpu_manager_state(text)
 
 
+def test_a_checkpoint_nested_past_the_decoders_recursion_is_an_error():
+    # given a file of 100,000 `[` (a RecursionError out of json.loads before)
+    with pytest.raises(KubeletStateError, match="nested too deeply"):
+        parse_cpu_manager_state("[" * 100_000)
+
+
+def test_a_checkpoint_that_is_not_utf8_is_an_error_and_the_last_good_state_stays(tmp_path):
+    # given a good checkpoint read, then one with a byte that is not UTF-8 in its place
+    # (a UnicodeDecodeError out of refresh() before, which caught KubeletStateError only)
+    path = str(tmp_path / "cpu_manager_state")
+    write_cpu_manager_state(path, default_cpuset="0-7")
+    f = CpuManagerStateFile(path)
+    f.refresh()
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(b'{"policyName": "static\xff", "defaultCpuSet": "0-3"}')
+    os.replace(path + ".tmp", path)
+    # when it is read, then it is an error and the last good state is kept
+    with pytest.raises(KubeletStateError):
+        read_cpu_manager_state(path)
+    assert f.refresh() is None and f.state.default_cpuset == "0-7"
+
+
+def test_reading_a_small_checkpoint_takes_little_memory(tmp_path):
+    # given a checkpoint of a few dozen bytes (read into a buffer of the whole 16 MiB cap
+    # before, at every change of the file)
+    import tracemalloc
+    path = str(tmp_path / "cpu_manager_state")
+    write_cpu_manager_state(path, default_cpuset="0-7")
+    # when it is read, then the read allocates at most the bounded reader's 1 MiB chunk
+    tracemalloc.start()
+    try:
+        read_cpu_manager_state(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024
+
+
 def test_garbled_cpu_list_is_an_error():
     with pytest.raises(CpuManagerStateError):
         KubeletCpuState.from_raw(parse_cpu_manager_state('{"policyName":"static","defaultCpuSet":"0-x"}'))
