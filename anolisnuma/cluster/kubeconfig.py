@@ -96,6 +96,8 @@ def decode_kubeconfig(data: bytes, path: str) -> Any:
             from None
     except ValueError as e:   # (PyYAML's own, e.g. a timestamp out of range)
         raise KubeconfigError(f"{path}: not YAML: {type(e).__name__}") from None
+    except RecursionError:   # (nested past the YAML reader's recursion: no kubeconfig is)
+        raise KubeconfigError(f"{path}: not YAML: nested too deep") from None
 
 
 def parse_kubeconfig(doc: Any, path: str) -> Kubeconfig:
@@ -107,6 +109,8 @@ def parse_kubeconfig(doc: Any, path: str) -> Kubeconfig:
     if not isinstance(doc, dict):
         raise KubeconfigError(f"{path}: not a mapping")
     context_name = doc.get("current-context")
+    if context_name is not None and not isinstance(context_name, str):
+        raise KubeconfigError(f"{path}: current-context must be a string")
     contexts = _named(doc, "contexts", path)
     if not contexts:
         raise KubeconfigError(f"{path}: no contexts")
@@ -119,6 +123,9 @@ def parse_kubeconfig(doc: Any, path: str) -> Kubeconfig:
         raise KubeconfigError(f"{path}: several contexts and no current-context")
     context = contexts[context_name]
     clusters, users = _named(doc, "clusters", path), _named(doc, "users", path)
+    for key in ("cluster", "user"):
+        if not isinstance(context.get(key), str):
+            raise KubeconfigError(f"{path}: the context's {key} must be a name")
     cluster = clusters.get(context.get("cluster"))
     if cluster is None:
         raise KubeconfigError(f"{path}: context's cluster {context.get('cluster')!r} is not among the clusters")
@@ -135,8 +142,12 @@ def parse_kubeconfig(doc: Any, path: str) -> Kubeconfig:
     server = cluster.get("server")
     if not isinstance(server, str):
         raise KubeconfigError(f"{path}: clusters[].cluster.server is missing")
-    url = urllib.parse.urlsplit(server)
-    if url.scheme != "https" or not url.hostname:
+    try:
+        url = urllib.parse.urlsplit(server)
+        hostname = url.hostname   # (it parses the host: a bracketed one that is no IPv6 address raises)
+    except ValueError:
+        raise KubeconfigError(f"{path}: clusters[].cluster.server is not a URL; got {server[:200]!r}") from None
+    if url.scheme != "https" or not hostname:
         raise KubeconfigError(f"{path}: clusters[].cluster.server must be an https:// URL; got {server!r}")
     if url.path not in ("", "/"):
         raise KubeconfigError(f"{path}: clusters[].cluster.server with a path is not supported; got {server!r}")
@@ -147,8 +158,8 @@ def parse_kubeconfig(doc: Any, path: str) -> Kubeconfig:
         raise KubeconfigError(f"{path}: users[].user needs both client-certificate and client-key")
     token = user.get("token") or ""
     token_file = user.pop("tokenFile", None) or ""   # (read by us, never by lightkube: token_auth.py)
-    if not isinstance(token, str) or not isinstance(token_file, str):
-        raise KubeconfigError(f"{path}: users[].user.token and tokenFile must be strings")
+    if not isinstance(token, str) or not isinstance(token_file, str) or "\0" in token_file:
+        raise KubeconfigError(f"{path}: users[].user.token and tokenFile must be strings (a file name for tokenFile)")
     if token and token_problem(token) is not None:
         raise KubeconfigError(f"{path}: users[].user.token is {token_problem(token)}")
     file_token = ""
@@ -210,7 +221,7 @@ def _check_file(section: Dict[str, Any], key: str, base: str, path: str, warning
     name = section.get(key)
     if not name:
         return False
-    if not isinstance(name, str):
+    if not isinstance(name, str) or "\0" in name:
         raise KubeconfigError(f"{path}: {key} must be a file name")
     name = section[key] = os.path.join(base, name)
     read = read_trusted_or(name, MAX_PEM_FILE, lambda problem: KubeconfigError(f"{path}: {key} {problem}"))

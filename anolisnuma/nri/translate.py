@@ -22,6 +22,8 @@ from typing import Any, Optional
 from cri_proto import api_pb2 as cri
 from nri_proto import api_pb2 as nri
 
+_INT64_MAX = 2 ** 63 - 1
+
 
 def cri_resources(res: Any) -> cri.LinuxContainerResources:
     """NRI ``LinuxResources`` as CRI ``LinuxContainerResources`` (CPU and memory only;
@@ -30,12 +32,14 @@ def cri_resources(res: Any) -> cri.LinuxContainerResources:
     if res is None:
         return out
     cpu, mem = res.cpu, res.memory
+    # (period and shares are uint64 in NRI and int64 in CRI: a value past int64, which no
+    # runtime applies, is read as the largest CRI can say rather than failing the event)
     if cpu.HasField("period"):
-        out.cpu_period = cpu.period.value
+        out.cpu_period = min(cpu.period.value, _INT64_MAX)
     if cpu.HasField("quota"):
         out.cpu_quota = cpu.quota.value
     if cpu.HasField("shares"):
-        out.cpu_shares = cpu.shares.value
+        out.cpu_shares = min(cpu.shares.value, _INT64_MAX)
     out.cpuset_cpus = cpu.cpus
     out.cpuset_mems = cpu.mems
     if mem.HasField("limit"):
