@@ -122,8 +122,8 @@ def _kept_entry(entry: Dict[str, Any]) -> Dict[str, Any]:
         if not isinstance(items, list):
             out[key] = _scalar(items)
             continue
-        out[key] = [{f: _scalar(item[f]) for f in fields if f in item} if isinstance(item, dict) else _scalar(item)
-                    for item in items]
+        out[key] = [{f: _scalar(item[f]) for f in fields if f in item}
+                    if isinstance(item, dict) and not _is_placeholder(item) else _scalar(item) for item in items]
     return out
 
 
@@ -134,8 +134,16 @@ def _scalar(value: Any) -> Any:
         # (the fields the bounds check are at most this long already: this cuts the others)
         return value[:MAX_CPU_LIST]
     # A mapping naming the type, never a string: the parser refuses it where it wants a
-    # name or a number, as it refused the value (a string "<dict>" read as a namespace)
+    # name or a number, as it refused the value (a string "<dict>" read as a namespace).
+    # One already made is kept as it is: the saved file trimmed again at start is unchanged.
+    if _is_placeholder(value):
+        return value
     return {"unread": type(value).__name__}
+
+
+def _is_placeholder(value: Any) -> bool:
+    return (isinstance(value, dict) and len(value) == 1 and isinstance(value.get("unread"), str)
+            and len(value["unread"]) <= 32)
 
 
 class OenumaSet:

@@ -82,9 +82,18 @@ PLACEHOLDER = {"apiVersion": OENUMA_API_VERSION, "kind": OENUMA_KIND, "metadata"
                "spec": {"node": [{"name": NODE, "podAffinity": [{"podName": "web", "namespace": {}, "numaNum": 0}]}]}}
 
 
+# Found by the next long run: the placeholder of a value that is no scalar (a list as a
+# namespace, a list as a podAffinity item) was made again, differently, by a second trim.
+PLACEHOLDER_TWICE = {"apiVersion": OENUMA_API_VERSION, "kind": OENUMA_KIND,
+                     "metadata": {"name": "plan", "namespace": "ops"},
+                     "spec": {"node": [{"name": NODE, "podAffinity": [{"podName": "web", "namespace": [], "numaNum": 0},
+                                                                      [281474976710655, 2]]}]}}
+
+
 @fuzz_settings(100)
 @given(crs)
 @example(PLACEHOLDER)
+@example(PLACEHOLDER_TWICE)
 def test_what_is_kept_of_a_cr_is_kept_again_unchanged(obj):
     # given what the daemon keeps of a CR (and saves in cluster-oenumas.json)
     kept = kept_of(obj)
