@@ -109,14 +109,17 @@ class NumaHook(Hook):
             self.affinity.decisions = sink
 
     def controllers(self, connect: Callable[[Optional[float]], Any], store: Any = None) -> List[Controller]:
-        """The watcher (kubelet checkpoint, rule files), the re-pinner (which records what
-        it applied in ``store``) and, when ``[numa.affinity]`` is on, the traffic-affinity
+        """The writer of numa.json, the watcher (kubelet checkpoint, rule files), the
+        re-pinner (which records what it applied in ``store``) and, when ``[numa.affinity]`` is on, the traffic-affinity
         controller (whose moves the re-pinner applies at once)."""
         if self.placement is None:
             return []
         from anolisnuma.reconcile.numa import CpusetRepinner
 
-        loops: List[Controller] = [PlacementWatcher(self.placement, self.config.poll_interval_seconds)]
+        # The writer of numa.json first: the daemon stops its loops in reverse order, so it
+        # writes the changes of every other loop's last pass before it ends.
+        loops: List[Controller] = [self.placement.writer,
+                                   PlacementWatcher(self.placement, self.config.poll_interval_seconds)]
         repinner = CpusetRepinner(self.placement, connect(None), applied=store.set_cpuset if store is not None else None)
         loops.append(repinner)
         self.repinner = repinner
@@ -135,6 +138,11 @@ class NumaHook(Hook):
                                                check_interval=self.config.poll_interval_seconds)
             loops.append(self.respread)
         return loops
+
+    def close(self) -> None:
+        """Write what the placement service has not written yet and stop its writer."""
+        if self.placement is not None:
+            self.placement.close()
 
     def holders(self) -> List[PodStateHolder]:
         """The placement service (the ledger) and the affinity controller's caches."""

@@ -100,7 +100,7 @@ class LiveMoves:
                          reason=reason or None)
                 return False
             self._start_move(alloc, placement, source, old)
-            self._save()
+            self._changed()
         return True
 
     def _start_move(self, alloc: Allocation, placement: Placement, source: str, old: MoveInFlight) -> None:
@@ -175,7 +175,7 @@ class LiveMoves:
                     self._pending_updates[cid] = (want, alloc.mems)
                 else:
                     self._pending_updates.pop(cid, None)
-            self._save()
+            self._changed()
         log.warning("live NUMA move failed; pod rolled back", pod=alloc.ref, pod_uid=alloc.pod_uid,
                     from_nodes=list(new_nodes), back_to=list(mv.nodes), container_id=container_id,
                     error=error or None, repin_back=sorted(mv.applied) or None)

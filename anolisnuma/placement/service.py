@@ -57,6 +57,7 @@ from anolisnuma.policies.numa.topology import NumaTopology
 from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.state.numa_state import NumaStateFile
 from anolisnuma.state.records import ContainerRecord, PodRecord
+from anolisnuma.state.write_behind import WriteBehind
 from anolisnuma.system.cgroups import CgroupFs
 from anolisnuma.system.kubelet_state import CpuManagerStateFile
 from anolisnuma.system.rule_files import RuleDirectory
@@ -111,7 +112,11 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         self._moves: Dict[str, MoveInFlight] = {}   # live moves being applied, by pod uid
         self.move_history = MoveHistory()             # why each placed pod moved (ctl pods/explain)
         self._resynced = False
-        self._save_failed = False
+        # numa.json is written behind the calls (the thread runs once the daemon starts it;
+        # until then, and after it stops, each change is written at once)
+        self.writer: WriteBehind[List[str]] = WriteBehind(
+            "numa-writer", self._lock, self.ledger.encoded, state_file.save_encoded, state_file.path,
+            "NUMA allocations")
         self._config_rules, problems = resolve_pins(config.pins, topology)
         for problem in problems:
             log.warning("placement rule ignored", problem=problem)
@@ -218,11 +223,11 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             cpus = alloc.home & view
             if not cpus:
                 if self._follow_pool(alloc, view, logger) is None:
-                    self._save()
+                    self._changed()
                     return Answer(note="shared pool left the pod's nodes and no node fits; kubelet's cpuset kept")
                 cpus = alloc.home & view
             mems = self._merge_mems(alloc.mems, kubelet_mems, logger)
-            self._save()
+            self._changed()
         note = f"{'placed on' if decided else 'pod on'} {where(alloc.nodes)} cpus {cpus}"
         if mems is not None and str(mems):
             note += f" mems {mems}"
@@ -249,7 +254,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             want = alloc.cpus(self.ledger.pool)
             if want and (not sent_cpus or not sent_cpus.issubset(alloc.home)):
                 self._pending_updates[container_id] = (want, alloc.mems)
-            self._save()
+            self._changed()
 
     def update_container(self, container_id: str, kubelet_cpus: CpuSet, kubelet_mems: str,
                          resize: Optional[Tuple[int, Optional[int]]], claim: Optional[Tuple[PodRecord, ContainerRecord]],
@@ -274,14 +279,14 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                 milli, mem = resize
                 if milli != share.millicpu or (mem is not None and mem != share.memory_bytes):
                     self.ledger.update_container(container_id, milli, mem)
-                    self._save()
+                    self._changed()
             view = kubelet_cpus or self.ledger.pool
             cpus = alloc.home & view
             if not cpus:
                 if self._follow_pool(alloc, view, logger) is None:
-                    self._save()
+                    self._changed()
                     return Answer(note="shared pool left the pod's nodes; kubelet's cpuset kept")
-                self._save()
+                self._changed()
                 cpus = alloc.home & view
             mems = self._merge_mems(alloc.mems, kubelet_mems, logger)
             self._pending_updates.pop(container_id, None)
@@ -296,7 +301,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             if alloc is None or alloc.sandbox_id != container.sandbox_id or container.name not in alloc.pending:
                 return False
             self.ledger.add_container(pod.uid, container.container_id, alloc.pending[container.name])
-            self._save()
+            self._changed()
         return True
 
     def release_sandbox(self, sandbox_id: str) -> Optional[Tuple[int, ...]]:
@@ -308,7 +313,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             if alloc is None:
                 return None
             self._forget(alloc)
-            self._save()
+            self._changed()
         return tuple(alloc.nodes)
 
     def release_container(self, container_id: str) -> Optional[Tuple[int, ...]]:
@@ -322,7 +327,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                 return None
             if alloc.pod_uid in self._moves:
                 self._move_progress(alloc)
-            self._save()
+            self._changed()
         return tuple(alloc.nodes)
 
     # ================================================================== what is gone
@@ -342,7 +347,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                 alloc = self.ledger.get(uid)
                 if alloc is not None:
                     self._forget(alloc)
-                    self._save()
+                    self._changed()
                     released.append(alloc.sandbox_id)
         if released:
             log.info("NUMA allocations of gone pods released", pods=len(released), reason=gone.reason)
@@ -364,7 +369,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                 (logger or log).info("pod has a new sandbox; its old placement is released",
                                      old_sandbox_id=alloc.sandbox_id)
                 self._forget(alloc)
-                self._save()
+                self._changed()
 
     # ================================================================== decisions
     def _decide(self, rule: Optional[PinRule], request: PodRequest, pool: CpuSet, logger: Any) -> Tuple[Placement, str]:
@@ -459,17 +464,20 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         for problem in problems:
             log.warning("saved NUMA allocation dropped", problem=problem)
 
-    def _save(self) -> None:
-        try:
-            self._state.save_encoded(self.ledger.encoded())
-        except OSError as e:
-            if not self._save_failed:
-                log.error("cannot save NUMA allocations; going on in memory", path=self._state.path, error=str(e))
-            self._save_failed = True
-        else:
-            if self._save_failed:
-                log.info("NUMA allocations saved again", path=self._state.path)
-            self._save_failed = False
+    def _changed(self) -> None:
+        """The ledger changed (the caller holds the lock): numa.json is rewritten by the
+        writer thread, not on the caller's path (see the module's docstring)."""
+        self.writer.mark()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until numa.json holds every change made so far; False when the write failed
+        (logged, retried) or did not end within ``timeout`` seconds."""
+        return self.writer.flush(timeout)
+
+    def close(self) -> None:
+        """Stop the writer thread, writing what is still unwritten first (the daemon's
+        shutdown). Changes made later are written at once, in the caller's thread."""
+        self.writer.stop()
 
     def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],
                fresh: Container[str] = frozenset()) -> None:
@@ -553,7 +561,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                     self._note_drift(c, alloc, parse_cpus(c.resources.cpuset_cpus) or CpuSet())
                     adopted.setdefault(pod.ref, []).append(c.name)
             self._resynced = True
-            self._save()
+            self._changed()
         (log.info if first or dropped or adopted else log.debug)(
             "NUMA allocations reconciled with containerd", allocations=len(self.ledger),
             dropped_pods=dropped or None, adopted=adopted or None,
