@@ -1,13 +1,14 @@
 """``NumaHook``: the kubelet's CRI calls, read for the NUMA placement service.
 
 The hook only translates: it reads the CRI messages, asks
-:class:`~anolisnuma.placement.service.PlacementService` (which decides, records and
-persists), and writes the answer into the request.
+:class:`~anolisnuma.placement.service.PlacementService` (which decides and records; its
+writer thread persists), and writes the answer into the request.
 
 - **CreateContainer (pre)**: the first container of a managed pod places the pod; every
   container of the pod gets the pod's CPUs (its nodes' CPUs within the kubelet's shared
-  pool) in ``cpuset_cpus`` and its memory nodes in ``cpuset_mems``, recorded and persisted
-  before the request goes on. Containers the kubelet gave exclusive CPUs are left alone.
+  pool) in ``cpuset_cpus`` and its memory nodes in ``cpuset_mems``, recorded before the
+  request goes on (``numa.json`` is written behind it: docs/restarts.md, "What a crash can
+  lose"). Containers the kubelet gave exclusive CPUs are left alone.
 - **CreateContainer (post)**: the container is counted under its new id.
 - **UpdateContainerResources (pre)**: the kubelet re-sends the shared pool as the cpuset of
   shared containers; it is merged (our CPUs within its pool), never swallowed.
@@ -38,7 +39,8 @@ from anolisnuma.decision_events import DecisionEvents, no_events
 from anolisnuma.pipeline.hooks import (
     CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX, RUN_POD_SANDBOX, STOP_POD_SANDBOX,
     UPDATE_CONTAINER_RESOURCES, Call, Hook)
-from anolisnuma.placement.service import Answer, PlacementService, parse_cpus, where
+from anolisnuma.placement.answer import Answer, parse_cpus, where
+from anolisnuma.placement.service import PlacementService
 from anolisnuma.placement.watcher import PlacementWatcher
 from anolisnuma.policies.numa.balance import PodRequest, millicpu_of
 from anolisnuma.policies.numa.config import NumaConfig

@@ -1,7 +1,9 @@
 """``PlacementService``: the ledger of NUMA allocations, its lock, persistence and re-pins.
 
-Every change goes through one of a few typed entry points, each under the lock and
-persisted before it returns:
+Every change goes through one of a few typed entry points, each under the lock; each marks
+the ledger changed for the writer thread (:attr:`PlacementService.writer`, a
+:class:`~anolisnuma.state.write_behind.WriteBehind`) and returns without waiting for the
+write, so no kubelet call waits for an fsync of ``numa.json``:
 
 - :meth:`PlacementService.place_container` / :meth:`~PlacementService.container_created` /
   :meth:`~PlacementService.update_container` / :meth:`~PlacementService.release_sandbox` /
@@ -18,6 +20,19 @@ persisted before it returns:
   :class:`~anolisnuma.state.gone.Reaper` found gone (the service is a
   :class:`~anolisnuma.state.gone.PodStateHolder`).
 
+Durable is what containerd runs, not the file: ``numa.json`` may lag the ledger by the
+changes not written yet and a ``kill -9`` loses them; the start-up
+:meth:`~PlacementService.resync` drops what containerd no longer runs and counts, once, what
+it runs that the file missed (under its pod's allocation, or adopting a managed pod from its
+container's cpuset). A placement reaches containerd only as a container's cpuset, so each
+window is safe: placed but not created (nothing runs, nothing holds capacity; created with
+the reply lost: adopted), created or removed but not written (counted or dropped as
+containerd says), a live move partly re-pinned but not written (rolled back: the moved
+containers are off the old placement and re-pinned back). docs/restarts.md ("What a crash
+can lose") has the table and the tests (tests/hooks/test_numa_crash_windows.py,
+tests/restart/test_crash_windows_e2e.py). :meth:`~PlacementService.close` (the shutdown)
+writes what is unwritten; without the writer thread each change is written before returning.
+
 Containers whose cgroup must be re-pinned without a kubelet call (adopted unpinned, an edit
 that did not reach containerd, a live move) are listed by
 :meth:`~PlacementService.pending_updates` for the re-pinner, which reports back with
@@ -25,31 +40,31 @@ that did not reach containerd, a live move) are listed by
 re-pin of a move rolls the whole move back).
 
 The class is one, its code in three modules: this one holds the state (in ``__init__``),
-the kubelet's calls, the pool, persistence and resync; :mod:`.rules` the rule sources and
-the re-pins a rule change causes (:class:`~anolisnuma.placement.rules.PlacementRules`);
-:mod:`.moves` the live moves and the re-pinner's reports
-(:class:`~anolisnuma.placement.moves.LiveMoves`). They share one lock, one ledger and one
-list of pending re-pins, and each entry point of one part may end in another (a removed
-container ends a move; a rule change starts moves), so they are parts of one class rather
-than objects passing that state between them.
+the kubelet's calls, the pool, persistence (the writer) and resync; :mod:`.rules` the rule
+sources and the re-pins a rule change causes
+(:class:`~anolisnuma.placement.rules.PlacementRules`); :mod:`.moves` the live moves and the
+re-pinner's reports (:class:`~anolisnuma.placement.moves.LiveMoves`). They share one lock,
+one ledger and one list of pending re-pins, and each entry point of one part may end in
+another (a removed container ends a move; a rule change starts moves), so they are parts of
+one class rather than objects passing that state between them.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any, Container, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Container, Dict, List, Optional, Set, Tuple
 
 import structlog
 
 from anolisnuma.decision_events import DecisionEvents, NumaPlaced, PodRef, no_events
+from anolisnuma.placement.answer import Answer, parse_cpus, where
 from anolisnuma.placement.move_history import MoveHistory
 from anolisnuma.placement.moves import LiveMoves, MoveInFlight
 from anolisnuma.placement.rules import PlacementRules
 from anolisnuma.policies.numa.balance import NoPlacement, Placement, PodRequest, balance, millicpu_of, pin
 from anolisnuma.policies.numa.config import NumaConfig
 from anolisnuma.policies.numa.cpu_manager import CpuManagerStateError, KubeletCpuState
-from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError
+from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.ledger import Allocation, ContainerShare, Ledger
 from anolisnuma.policies.numa.rules import PinRule, resolve_pins
 from anolisnuma.policies.numa.selection import PodSelector
@@ -63,29 +78,6 @@ from anolisnuma.system.kubelet_state import CpuManagerStateFile
 from anolisnuma.system.rule_files import RuleDirectory
 
 log = structlog.get_logger("anolisnuma.numa")
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What to do with a container's cpuset fields: ``cpus`` None leaves the container as
-    the kubelet sent it; ``mems`` None leaves the kubelet's ``cpuset_mems``; ``note`` says
-    why, for the call's log line ("" when there is nothing to say)."""
-
-    cpus: Optional[CpuSet] = None
-    mems: Optional[CpuSet] = None
-    note: str = ""
-
-
-def parse_cpus(text: str) -> Optional[CpuSet]:
-    """A cpuset field as the kubelet or containerd wrote it; None when it does not parse."""
-    try:
-        return CpuSet.parse(text)
-    except CpuSetError:
-        return None
-
-
-def where(nodes: Sequence[int]) -> str:
-    return ("node " if len(nodes) == 1 else "nodes ") + ",".join(str(n) for n in nodes)
 
 
 class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
@@ -112,8 +104,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         self._moves: Dict[str, MoveInFlight] = {}   # live moves being applied, by pod uid
         self.move_history = MoveHistory()             # why each placed pod moved (ctl pods/explain)
         self._resynced = False
-        # numa.json is written behind the calls (the thread runs once the daemon starts it;
-        # until then, and after it stops, each change is written at once)
+        # numa.json is written behind the calls once the daemon starts this thread
         self.writer: WriteBehind[List[str]] = WriteBehind(
             "numa-writer", self._lock, self.ledger.encoded, state_file.save_encoded, state_file.path,
             "NUMA allocations")
@@ -465,8 +456,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             log.warning("saved NUMA allocation dropped", problem=problem)
 
     def _changed(self) -> None:
-        """The ledger changed (the caller holds the lock): numa.json is rewritten by the
-        writer thread, not on the caller's path (see the module's docstring)."""
+        """The ledger changed (under the lock): for the writer thread, off the caller's path."""
         self.writer.mark()
 
     def flush(self, timeout: float = 5.0) -> bool:
@@ -475,8 +465,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         return self.writer.flush(timeout)
 
     def close(self) -> None:
-        """Stop the writer thread, writing what is still unwritten first (the daemon's
-        shutdown). Changes made later are written at once, in the caller's thread."""
+        """Stop the writer thread, writing what is unwritten first (the daemon's shutdown)."""
         self.writer.stop()
 
     def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],
