@@ -35,7 +35,8 @@ class WriteBehind(Controller, Generic[T]):
     """``WriteBehind(name, lock, snapshot, write, path, what)``: ``snapshot()`` is called
     with ``lock`` held and returns what ``write(snapshot)`` puts on disk (without the lock);
     ``write`` raises OSError when it cannot (``what`` and ``path`` name the file in the log
-    lines).
+    lines). ``lock`` must be reentrant when :meth:`mark` is called under it: without the
+    thread, :meth:`mark` takes it again to write.
     A :class:`~anolisnuma.controller.Controller`: the daemon starts and stops it with its
     other loops; :meth:`stop` writes what is still marked before it returns."""
 

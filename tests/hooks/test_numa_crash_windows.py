@@ -11,17 +11,21 @@ FakeNode), as the daemon's start-up does."""
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Dict, Iterator, List
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, invariant, rule
 
 from anolisnuma.hooks.numa import NumaHook
 from anolisnuma.policies.numa.balance import millicpu_of
 from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.reconcile.numa import CpusetRepinner
 from anolisnuma.testing import fake_sysfs as F
-from test_numa_hook import FakeNode
+from test_numa_hook import FakeNode, NumaLifecycle
 from test_numa_move import FakeContainerd
 
 
@@ -246,3 +250,58 @@ def test_close_writes_what_the_writer_had_not_written(seed):
     assert seed.saved()["allocations"] == seed.hook.placement.ledger.to_json()
     seed.remove_pod(pods[0])
     assert seed.saved()["allocations"] == seed.hook.placement.ledger.to_json()
+
+
+# ====================================================================== any instant
+class CrashAnyInstant(NumaLifecycle):
+    """tests/hooks/test_numa_hook.py's random lifecycles (creates with or without their
+    reply, removals, the kubelet's exclusive CPUs, restarts) with the writer thread running,
+    the disk dropping every write from a random instant on, and kill -9 instead of a clean
+    restart: the same invariants hold after each crash (nothing forgotten, nothing counted
+    twice, capacity the sum of what runs)."""
+
+    @initialize(spec=st.sampled_from([F.seed_16cpu, F.with_cpuless_node, F.with_offline_cpus]))
+    def setup(self, spec):
+        super().setup(spec)
+        self.node.hook.placement.writer.start()
+        self.dropping = False
+
+    def _drop_from_now(self) -> None:
+        self.node.hook.placement.writer._write = lambda _data: None   # never lands
+        self.dropping = True
+
+    @rule()
+    def disk_stops_taking_writes(self):
+        assert self.node.hook.placement.flush()
+        self._drop_from_now()
+
+    def _kill9(self) -> None:
+        old = self.node.hook
+        if not self.dropping:
+            self._drop_from_now()   # (the kill comes before the writer's next write)
+        old.placement.writer.stop()   # (its thread ended; what it "writes" is dropped)
+        self.dropping = False
+        kill9(self.node)
+
+    @rule()
+    def restart(self):
+        self._kill9()
+
+    @rule()
+    def restart_with_lost_state(self):
+        try:
+            os.unlink(os.path.join(self.node.paths.state_dir, "numa.json"))
+        except FileNotFoundError:
+            pass
+        self._kill9()
+
+    @invariant()
+    def saved_state_is_what_is_in_memory(self):
+        if not self.dropping:
+            assert self.node.hook.placement.flush()
+            super().saved_state_is_what_is_in_memory()
+
+
+CrashAnyInstant.TestCase.settings = settings(max_examples=25, stateful_step_count=20, deadline=None,
+                                             suppress_health_check=[HealthCheck.too_slow])
+TestCrashAnyInstant = CrashAnyInstant.TestCase
