@@ -1,13 +1,14 @@
 """``NumaHook``: the kubelet's CRI calls, read for the NUMA placement service.
 
 The hook only translates: it reads the CRI messages, asks
-:class:`~anolisnuma.placement.service.PlacementService` (which decides, records and
-persists), and writes the answer into the request.
+:class:`~anolisnuma.placement.service.PlacementService` (which decides and records; its
+writer thread persists), and writes the answer into the request.
 
 - **CreateContainer (pre)**: the first container of a managed pod places the pod; every
   container of the pod gets the pod's CPUs (its nodes' CPUs within the kubelet's shared
-  pool) in ``cpuset_cpus`` and its memory nodes in ``cpuset_mems``, recorded and persisted
-  before the request goes on. Containers the kubelet gave exclusive CPUs are left alone.
+  pool) in ``cpuset_cpus`` and its memory nodes in ``cpuset_mems``, recorded before the
+  request goes on (``numa.json`` is written behind it: docs/restarts.md, "What a crash can
+  lose"). Containers the kubelet gave exclusive CPUs are left alone.
 - **CreateContainer (post)**: the container is counted under its new id.
 - **UpdateContainerResources (pre)**: the kubelet re-sends the shared pool as the cpuset of
   shared containers; it is merged (our CPUs within its pool), never swallowed.
@@ -38,7 +39,8 @@ from anolisnuma.decision_events import DecisionEvents, no_events
 from anolisnuma.pipeline.hooks import (
     CREATE_CONTAINER, REMOVE_CONTAINER, REMOVE_POD_SANDBOX, RUN_POD_SANDBOX, STOP_POD_SANDBOX,
     UPDATE_CONTAINER_RESOURCES, Call, Hook)
-from anolisnuma.placement.service import Answer, PlacementService, parse_cpus, where
+from anolisnuma.placement.answer import Answer, parse_cpus, where
+from anolisnuma.placement.service import PlacementService
 from anolisnuma.placement.watcher import PlacementWatcher
 from anolisnuma.policies.numa.balance import PodRequest, millicpu_of
 from anolisnuma.policies.numa.config import NumaConfig
@@ -109,14 +111,17 @@ class NumaHook(Hook):
             self.affinity.decisions = sink
 
     def controllers(self, connect: Callable[[Optional[float]], Any], store: Any = None) -> List[Controller]:
-        """The watcher (kubelet checkpoint, rule files), the re-pinner (which records what
-        it applied in ``store``) and, when ``[numa.affinity]`` is on, the traffic-affinity
+        """The writer of numa.json, the watcher (kubelet checkpoint, rule files), the
+        re-pinner (which records what it applied in ``store``) and, when ``[numa.affinity]`` is on, the traffic-affinity
         controller (whose moves the re-pinner applies at once)."""
         if self.placement is None:
             return []
         from anolisnuma.reconcile.numa import CpusetRepinner
 
-        loops: List[Controller] = [PlacementWatcher(self.placement, self.config.poll_interval_seconds)]
+        # The writer of numa.json first: the daemon stops its loops in reverse order, so it
+        # writes the changes of every other loop's last pass before it ends.
+        loops: List[Controller] = [self.placement.writer,
+                                   PlacementWatcher(self.placement, self.config.poll_interval_seconds)]
         repinner = CpusetRepinner(self.placement, connect(None), applied=store.set_cpuset if store is not None else None)
         loops.append(repinner)
         self.repinner = repinner
@@ -135,6 +140,11 @@ class NumaHook(Hook):
                                                check_interval=self.config.poll_interval_seconds)
             loops.append(self.respread)
         return loops
+
+    def close(self) -> None:
+        """Write what the placement service has not written yet and stop its writer."""
+        if self.placement is not None:
+            self.placement.close()
 
     def holders(self) -> List[PodStateHolder]:
         """The placement service (the ledger) and the affinity controller's caches."""

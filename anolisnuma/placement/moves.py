@@ -1,9 +1,10 @@
 """The live moves of :class:`~anolisnuma.placement.service.PlacementService` (a part of it).
 
 A live move re-places a running pod (traffic affinity, re-spread, a rule change): its
-allocation moves at once and is persisted, its containers are listed for the re-pinner,
-and the move is in flight until every re-pin is applied (:meth:`LiveMoves.mark_applied`);
-one failed re-pin rolls the whole move back (:meth:`LiveMoves.apply_failed`).
+allocation moves at once (``numa.json`` is written behind it), its containers are listed
+for the re-pinner, and the move is in flight until every re-pin is applied
+(:meth:`LiveMoves.mark_applied`); one failed re-pin rolls the whole move back
+(:meth:`LiveMoves.apply_failed`).
 
 Why a part of the service and not an object of its own: a move changes the ledger and the
 pending re-pins under the service's lock, and the kubelet's calls (a container removed, a
@@ -53,8 +54,9 @@ class LiveMoves:
 
     def move(self, pod_uid: str, nodes: Sequence[int], reason: str = "", source: str = "affinity") -> bool:
         """Move a running managed pod onto ``nodes``: check it may move and fits, move its
-        allocation, persist, and list every container of the pod for the re-pinner
-        (:meth:`pending_updates`) with the new ``cpuset_cpus`` and ``cpuset_mems``. On
+        allocation (marked for the writer of ``numa.json``), and list every container of
+        the pod for the re-pinner (:meth:`pending_updates`) with the new ``cpuset_cpus``
+        and ``cpuset_mems``. On
         cgroup v1, ``cpuset.memory_migrate`` is set in the containers' cpuset cgroups
         first, so that their memory follows the new mems.
 
@@ -100,7 +102,7 @@ class LiveMoves:
                          reason=reason or None)
                 return False
             self._start_move(alloc, placement, source, old)
-            self._save()
+            self._changed()
         return True
 
     def _start_move(self, alloc: Allocation, placement: Placement, source: str, old: MoveInFlight) -> None:
@@ -155,7 +157,7 @@ class LiveMoves:
     def apply_failed(self, container_id: str, error: str = "") -> bool:
         """The re-pinner could not apply a container's pending cpuset. When the container
         belongs to a live move, the move is rolled back: the pod's allocation goes back
-        where it was (persisted), containers already re-pinned are listed to be re-pinned
+        where it was (marked for the writer), containers already re-pinned are listed to be re-pinned
         back, the others are no longer pending. True when a move was rolled back (other
         failures stay pending and are retried)."""
         with self._lock:
@@ -175,7 +177,7 @@ class LiveMoves:
                     self._pending_updates[cid] = (want, alloc.mems)
                 else:
                     self._pending_updates.pop(cid, None)
-            self._save()
+            self._changed()
         log.warning("live NUMA move failed; pod rolled back", pod=alloc.ref, pod_uid=alloc.pod_uid,
                     from_nodes=list(new_nodes), back_to=list(mv.nodes), container_id=container_id,
                     error=error or None, repin_back=sorted(mv.applied) or None)

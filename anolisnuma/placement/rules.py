@@ -138,7 +138,7 @@ class PlacementRules:
                                     placement.reason or "placement rules changed")
                 self._start_move(alloc, placement, source, old)
                 moved += 1
-            self._save()
+            self._changed()
         return moved
 
     def _rule_target(self, alloc: Allocation) -> Optional[Tuple[Placement, str]]:

@@ -1,7 +1,9 @@
 """``PlacementService``: the ledger of NUMA allocations, its lock, persistence and re-pins.
 
-Every change goes through one of a few typed entry points, each under the lock and
-persisted before it returns:
+Every change goes through one of a few typed entry points, each under the lock; each marks
+the ledger changed for the writer thread (:attr:`PlacementService.writer`, a
+:class:`~anolisnuma.state.write_behind.WriteBehind`) and returns without waiting for the
+write, so no kubelet call waits for an fsync of ``numa.json``:
 
 - :meth:`PlacementService.place_container` / :meth:`~PlacementService.container_created` /
   :meth:`~PlacementService.update_container` / :meth:`~PlacementService.release_sandbox` /
@@ -18,6 +20,19 @@ persisted before it returns:
   :class:`~anolisnuma.state.gone.Reaper` found gone (the service is a
   :class:`~anolisnuma.state.gone.PodStateHolder`).
 
+Durable is what containerd runs, not the file: ``numa.json`` may lag the ledger by the
+changes not written yet and a ``kill -9`` loses them; the start-up
+:meth:`~PlacementService.resync` drops what containerd no longer runs and counts, once, what
+it runs that the file missed (under its pod's allocation, or adopting a managed pod from its
+container's cpuset). A placement reaches containerd only as a container's cpuset, so each
+window is safe: placed but not created (nothing runs, nothing holds capacity; created with
+the reply lost: adopted), created or removed but not written (counted or dropped as
+containerd says), a live move partly re-pinned but not written (rolled back: the moved
+containers are off the old placement and re-pinned back). docs/restarts.md ("What a crash
+can lose") has the table and the tests (tests/hooks/test_numa_crash_windows.py,
+tests/restart/test_crash_windows_e2e.py). :meth:`~PlacementService.close` (the shutdown)
+writes what is unwritten; without the writer thread each change is written before returning.
+
 Containers whose cgroup must be re-pinned without a kubelet call (adopted unpinned, an edit
 that did not reach containerd, a live move) are listed by
 :meth:`~PlacementService.pending_updates` for the re-pinner, which reports back with
@@ -25,31 +40,31 @@ that did not reach containerd, a live move) are listed by
 re-pin of a move rolls the whole move back).
 
 The class is one, its code in three modules: this one holds the state (in ``__init__``),
-the kubelet's calls, the pool, persistence and resync; :mod:`.rules` the rule sources and
-the re-pins a rule change causes (:class:`~anolisnuma.placement.rules.PlacementRules`);
-:mod:`.moves` the live moves and the re-pinner's reports
-(:class:`~anolisnuma.placement.moves.LiveMoves`). They share one lock, one ledger and one
-list of pending re-pins, and each entry point of one part may end in another (a removed
-container ends a move; a rule change starts moves), so they are parts of one class rather
-than objects passing that state between them.
+the kubelet's calls, the pool, persistence (the writer) and resync; :mod:`.rules` the rule
+sources and the re-pins a rule change causes
+(:class:`~anolisnuma.placement.rules.PlacementRules`); :mod:`.moves` the live moves and the
+re-pinner's reports (:class:`~anolisnuma.placement.moves.LiveMoves`). They share one lock,
+one ledger and one list of pending re-pins, and each entry point of one part may end in
+another (a removed container ends a move; a rule change starts moves), so they are parts of
+one class rather than objects passing that state between them.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any, Container, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Container, Dict, List, Optional, Set, Tuple
 
 import structlog
 
 from anolisnuma.decision_events import DecisionEvents, NumaPlaced, PodRef, no_events
+from anolisnuma.placement.answer import Answer, parse_cpus, where
 from anolisnuma.placement.move_history import MoveHistory
 from anolisnuma.placement.moves import LiveMoves, MoveInFlight
 from anolisnuma.placement.rules import PlacementRules
 from anolisnuma.policies.numa.balance import NoPlacement, Placement, PodRequest, balance, millicpu_of, pin
 from anolisnuma.policies.numa.config import NumaConfig
 from anolisnuma.policies.numa.cpu_manager import CpuManagerStateError, KubeletCpuState
-from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError
+from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.ledger import Allocation, ContainerShare, Ledger
 from anolisnuma.policies.numa.rules import PinRule, resolve_pins
 from anolisnuma.policies.numa.selection import PodSelector
@@ -57,34 +72,12 @@ from anolisnuma.policies.numa.topology import NumaTopology
 from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 from anolisnuma.state.numa_state import NumaStateFile
 from anolisnuma.state.records import ContainerRecord, PodRecord
+from anolisnuma.state.write_behind import WriteBehind
 from anolisnuma.system.cgroups import CgroupFs
 from anolisnuma.system.kubelet_state import CpuManagerStateFile
 from anolisnuma.system.rule_files import RuleDirectory
 
 log = structlog.get_logger("anolisnuma.numa")
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What to do with a container's cpuset fields: ``cpus`` None leaves the container as
-    the kubelet sent it; ``mems`` None leaves the kubelet's ``cpuset_mems``; ``note`` says
-    why, for the call's log line ("" when there is nothing to say)."""
-
-    cpus: Optional[CpuSet] = None
-    mems: Optional[CpuSet] = None
-    note: str = ""
-
-
-def parse_cpus(text: str) -> Optional[CpuSet]:
-    """A cpuset field as the kubelet or containerd wrote it; None when it does not parse."""
-    try:
-        return CpuSet.parse(text)
-    except CpuSetError:
-        return None
-
-
-def where(nodes: Sequence[int]) -> str:
-    return ("node " if len(nodes) == 1 else "nodes ") + ",".join(str(n) for n in nodes)
 
 
 class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
@@ -111,7 +104,10 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         self._moves: Dict[str, MoveInFlight] = {}   # live moves being applied, by pod uid
         self.move_history = MoveHistory()             # why each placed pod moved (ctl pods/explain)
         self._resynced = False
-        self._save_failed = False
+        # numa.json is written behind the calls once the daemon starts this thread
+        self.writer: WriteBehind[List[str]] = WriteBehind(
+            "numa-writer", self._lock, self.ledger.encoded, state_file.save_encoded, state_file.path,
+            "NUMA allocations")
         self._config_rules, problems = resolve_pins(config.pins, topology)
         for problem in problems:
             log.warning("placement rule ignored", problem=problem)
@@ -218,11 +214,11 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             cpus = alloc.home & view
             if not cpus:
                 if self._follow_pool(alloc, view, logger) is None:
-                    self._save()
+                    self._changed()
                     return Answer(note="shared pool left the pod's nodes and no node fits; kubelet's cpuset kept")
                 cpus = alloc.home & view
             mems = self._merge_mems(alloc.mems, kubelet_mems, logger)
-            self._save()
+            self._changed()
         note = f"{'placed on' if decided else 'pod on'} {where(alloc.nodes)} cpus {cpus}"
         if mems is not None and str(mems):
             note += f" mems {mems}"
@@ -249,7 +245,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             want = alloc.cpus(self.ledger.pool)
             if want and (not sent_cpus or not sent_cpus.issubset(alloc.home)):
                 self._pending_updates[container_id] = (want, alloc.mems)
-            self._save()
+            self._changed()
 
     def update_container(self, container_id: str, kubelet_cpus: CpuSet, kubelet_mems: str,
                          resize: Optional[Tuple[int, Optional[int]]], claim: Optional[Tuple[PodRecord, ContainerRecord]],
@@ -274,14 +270,14 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                 milli, mem = resize
                 if milli != share.millicpu or (mem is not None and mem != share.memory_bytes):
                     self.ledger.update_container(container_id, milli, mem)
-                    self._save()
+                    self._changed()
             view = kubelet_cpus or self.ledger.pool
             cpus = alloc.home & view
             if not cpus:
                 if self._follow_pool(alloc, view, logger) is None:
-                    self._save()
+                    self._changed()
                     return Answer(note="shared pool left the pod's nodes; kubelet's cpuset kept")
-                self._save()
+                self._changed()
                 cpus = alloc.home & view
             mems = self._merge_mems(alloc.mems, kubelet_mems, logger)
             self._pending_updates.pop(container_id, None)
@@ -296,7 +292,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             if alloc is None or alloc.sandbox_id != container.sandbox_id or container.name not in alloc.pending:
                 return False
             self.ledger.add_container(pod.uid, container.container_id, alloc.pending[container.name])
-            self._save()
+            self._changed()
         return True
 
     def release_sandbox(self, sandbox_id: str) -> Optional[Tuple[int, ...]]:
@@ -308,7 +304,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
             if alloc is None:
                 return None
             self._forget(alloc)
-            self._save()
+            self._changed()
         return tuple(alloc.nodes)
 
     def release_container(self, container_id: str) -> Optional[Tuple[int, ...]]:
@@ -322,7 +318,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                 return None
             if alloc.pod_uid in self._moves:
                 self._move_progress(alloc)
-            self._save()
+            self._changed()
         return tuple(alloc.nodes)
 
     # ================================================================== what is gone
@@ -342,7 +338,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                 alloc = self.ledger.get(uid)
                 if alloc is not None:
                     self._forget(alloc)
-                    self._save()
+                    self._changed()
                     released.append(alloc.sandbox_id)
         if released:
             log.info("NUMA allocations of gone pods released", pods=len(released), reason=gone.reason)
@@ -364,7 +360,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                 (logger or log).info("pod has a new sandbox; its old placement is released",
                                      old_sandbox_id=alloc.sandbox_id)
                 self._forget(alloc)
-                self._save()
+                self._changed()
 
     # ================================================================== decisions
     def _decide(self, rule: Optional[PinRule], request: PodRequest, pool: CpuSet, logger: Any) -> Tuple[Placement, str]:
@@ -459,17 +455,18 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         for problem in problems:
             log.warning("saved NUMA allocation dropped", problem=problem)
 
-    def _save(self) -> None:
-        try:
-            self._state.save_encoded(self.ledger.encoded())
-        except OSError as e:
-            if not self._save_failed:
-                log.error("cannot save NUMA allocations; going on in memory", path=self._state.path, error=str(e))
-            self._save_failed = True
-        else:
-            if self._save_failed:
-                log.info("NUMA allocations saved again", path=self._state.path)
-            self._save_failed = False
+    def _changed(self) -> None:
+        """The ledger changed (under the lock): for the writer thread, off the caller's path."""
+        self.writer.mark()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until numa.json holds every change made so far; False when the write failed
+        (logged, retried) or did not end within ``timeout`` seconds."""
+        return self.writer.flush(timeout)
+
+    def close(self) -> None:
+        """Stop the writer thread, writing what is unwritten first (the daemon's shutdown)."""
+        self.writer.stop()
 
     def resync(self, pods: List[PodRecord], containers: List[ContainerRecord],
                fresh: Container[str] = frozenset()) -> None:
@@ -553,7 +550,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                     self._note_drift(c, alloc, parse_cpus(c.resources.cpuset_cpus) or CpuSet())
                     adopted.setdefault(pod.ref, []).append(c.name)
             self._resynced = True
-            self._save()
+            self._changed()
         (log.info if first or dropped or adopted else log.debug)(
             "NUMA allocations reconciled with containerd", allocations=len(self.ledger),
             dropped_pods=dropped or None, adopted=adopted or None,

@@ -1,9 +1,10 @@
 """Persistence of NUMA allocations: which pod is placed where, with what demand.
 
 One JSON file, ``<state_dir>/numa.json``, rewritten atomically (temp file, fsync, rename,
-fsync of the directory) on every change, before the edited request is forwarded to
-containerd. After a crash or ``kill -9`` it holds either the old or the new set of
-allocations; the start-up resync with containerd repairs the difference. Records use plain
+fsync of the directory) by the placement service's writer thread
+(:mod:`anolisnuma.state.write_behind`) behind the changes. After a crash or ``kill -9`` it
+holds one whole set of allocations, maybe without the last changes; the start-up resync with
+containerd repairs the difference (docs/restarts.md, "What a crash can lose"). Records use plain
 strings and numbers (CPU lists in the kernel format) so this layer needs nothing above it.
 """
 
@@ -53,7 +54,7 @@ class AllocationRecord:
 
 
 class NumaStateFile:
-    """``<state_dir>/numa.json``: load once at start, save on every change."""
+    """``<state_dir>/numa.json``: load once at start, save (whole) after changes."""
 
     def __init__(self, state_dir: str, filename: str = NUMA_STATE_FILE) -> None:
         self.path = os.path.join(state_dir, filename)

@@ -27,6 +27,7 @@ from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.images import BUSYBOX_IMAGE
 from anolisnuma.testing.proxy import REPO_ROOT, config_dict, read_log, write_config
 from anolisnuma.testing.socket_supervisor import SocketSupervisor
+from anolisnuma.testing.waiting import wait_until
 
 NAMESPACE = "restart"
 NODE_CPUS = {0: "0", 1: "1"}   # the fake topology's node -> this machine's CPU
@@ -202,10 +203,25 @@ class RestartLab:
                 security_context=pb.LinuxContainerSecurityContext(namespace_options=ns)))
         return sandbox.SerializeToString(), container.SerializeToString(), uid
 
-    def placements_missing(self) -> List[str]:
+    def placements_missing(self, settle: float = 10.0) -> List[str]:
         """What is wrong with the placements of containerd's running pods of NAMESPACE: a pod
         with no allocation in numa.json, or a running container whose real cpuset.cpus is
-        not its pod's node's CPU. Empty when every pod has its placement."""
+        not its pod's node's CPU. Empty when every pod has its placement. numa.json is
+        written behind the calls and the re-pinner works behind them too: asked again until
+        empty or ``settle`` seconds passed, the last answer returned."""
+        problems: List[str] = []
+
+        def settled() -> bool:
+            problems[:] = self._placements_missing()
+            return not problems
+
+        try:
+            wait_until(settled, "every pod's placement", settle)
+        except AssertionError:
+            pass
+        return problems
+
+    def _placements_missing(self) -> List[str]:
         from cri_proto import api_pb2 as pb
         from anolisnuma.cri.client import CriClient
 

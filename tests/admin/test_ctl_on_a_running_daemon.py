@@ -69,8 +69,8 @@ def test_status_says_what_runs_and_how_it_goes(node):
     assert s["relay"]["buffer_limit_bytes"] == 64 << 20
     # every background loop, registered in one place, with its own counts
     loops = s["controllers"]
-    assert set(loops) == {"store-writer", "numa-watch", "numa-repin", "numa-affinity", "numa-respread",
-                          "qos-reconcile", "runtime-resync"}
+    assert set(loops) == {"store-writer", "numa-writer", "numa-watch", "numa-repin", "numa-affinity",
+                          "numa-respread", "qos-reconcile", "runtime-resync"}
     assert all(v["running"] and v["errors"] == 0 for v in loops.values()), loops
     assert loops["store-writer"]["runs"] >= 1 and loops["store-writer"]["interval_seconds"] == 0
     loops = wait_until(lambda: (lambda c: c if c["numa-affinity"]["samples"] >= 2 and c["numa-watch"]["runs"] >= 1

@@ -154,8 +154,9 @@ def test_nri_kill_9_then_restart_adopts_and_pins_what_was_created_meanwhile(cont
         for i in range(4):
             pod = kl.run_pod(name=f"before-{i}", namespace=NS, uid=str(uuid.uuid4()))
             before.append((pod, kl.run_container(pod, "a", res(kl, shares=256))))
-        placed = {a["pod_uid"]: a for a in load_numa_state(state_dir)}
-        assert set(placed) == {p.uid for p, _ in before}
+        # (numa.json is written behind the calls: wait for the writer, not for a guess)
+        placed = wait_until(lambda: (lambda s: s if set(s) == {p.uid for p, _ in before} else None)(
+            {a["pod_uid"]: a for a in load_numa_state(state_dir)}), "numa.json to hold every pod")
         for pod, cid in before:
             assert real_cpus(direct, cid) == NODE_CPU[placed[pod.uid]["nodes"][0]]
 
@@ -188,7 +189,8 @@ def test_nri_kill_9_then_restart_adopts_and_pins_what_was_created_meanwhile(cont
         # the next pod is placed at creation again
         pod = kl.run_pod(name="after", namespace=NS, uid=str(uuid.uuid4()))
         cid = kl.run_container(pod, "a", res(kl, shares=256))
-        after = {a["pod_uid"]: a for a in load_numa_state(state_dir)}[pod.uid]
+        after = wait_until(lambda: {a["pod_uid"]: a for a in load_numa_state(state_dir)}.get(pod.uid),
+                           "numa.json to hold the new pod")
         assert real_cpus(direct, cid) == NODE_CPU[after["nodes"][0]]
         assert daemon.stop() == 0, daemon.stderr
     finally:

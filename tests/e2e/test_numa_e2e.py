@@ -297,7 +297,8 @@ def check_balance(hook: NumaHook, kl: KubeletLike, direct: KubeletLike, data: Di
     assert real_cpus(direct, other_free) == "0"
     check_ledger_consistent(hook)
 
-    # The persisted state says the same.
+    # The persisted state says the same (once the writer thread wrote it).
+    assert hook.placement.flush()
     saved = {a["pod_uid"]: a for a in load_numa_state(data["paths"]["state_dir"])}
     assert set(saved) == {p.uid for p, _, _ in pods.values()}
     for p, cids, want in pods.values():
@@ -308,6 +309,7 @@ def check_balance(hook: NumaHook, kl: KubeletLike, direct: KubeletLike, data: Di
     kl.remove_pod(pods["late"][0])
     assert alloc_of(hook, pods["late"][0].uid) is None
     assert hook.placement.ledger.loads()[1].millicpu == 600
+    assert hook.placement.flush()
     assert pods["late"][0].uid not in {a["pod_uid"] for a in load_numa_state(data["paths"]["state_dir"])}
     kl.cleanup()
     assert hook.placement.allocations() == []
@@ -630,6 +632,11 @@ def test_kill_9_during_pod_storm_then_restart_state_matches_containerd(container
                            and sandboxes[c.pod_sandbox_id].metadata.namespace == NS
                            and sandboxes[c.pod_sandbox_id].state == pb.SANDBOX_READY}
         assert len(managed_running) == STORM_PODS + 2
+        # numa.json is written behind the calls: wait until it counts every running managed
+        # container (the assertions below say what is wrong if it never does)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: {cid for a in load_numa_state(state_dir) for cid in a["containers"]}
+                       >= set(managed_running), "numa.json to count every running managed container", timeout=10)
         saved = load_numa_state(state_dir)
         seen_containers: Dict[str, str] = {}
         seen_sandboxes: Set[str] = set()

@@ -435,7 +435,9 @@ def test_what_the_reaper_says_is_gone_is_released_and_persisted(seed):
     assert all(load.millicpu == 0 for load in p.ledger.loads().values())
 
 
-def test_decision_is_persisted_before_the_request_is_forwarded(seed):
+def test_without_the_writer_thread_a_decision_is_on_disk_before_the_request_goes_on(seed):
+    """(The daemon runs the writer thread: then the decision is written behind the call, and
+    tests/hooks/test_numa_crash_windows.py shows what a crash before the write leaves.)"""
     pod = seed.run_pod("p")
     seed.create(pod, "app", request=1000, post=False)      # crash after forwarding, before the reply
     saved = seed.saved()["allocations"]
