@@ -80,7 +80,7 @@ for _p in (HERE, os.path.join(HERE, "tests", "e2e"), os.path.join(HERE, "scripts
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from bench_proxy import cpu_seconds, log, pct  # noqa: E402
+from bench_proxy import T975, cpu_seconds, log, mean_interval, pct, t975  # noqa: E402,F401
 from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError  # noqa: E402
 from anolisnuma.testing.containerd import PrivateContainerd, cleanup_dead_instances  # noqa: E402
 from anolisnuma.testing.containerd_builds import build_named  # noqa: E402
@@ -105,11 +105,6 @@ ANCHOR_READY = "nri-anchor: synchronized"
 T_CREATE_OVER_ANCHOR_MS = 1.0        # NRI CreateContainer added <= anchor's + 1.0 ms
 T_CPU_X_ANCHOR = 2.0                 # plugin CPU per pod start <= 2 x anchor's
 T_POD_X_DIRECT = 1.03                # whole pod start p50 <= 1.03 x direct, proxy and nri
-# two-sided 95 % quantiles of Student's t by degrees of freedom (no scipy on the machine)
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-        10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
-        18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060,
-        26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
 NOISY_PERCENT = 10.0                 # other processes' share of the CPUs that makes figures noisy
 CG_CPUSET = "/sys/fs/cgroup/cpuset"
 
@@ -216,31 +211,6 @@ def pre_hook_ms(before: Dict[Tuple[str, str], Tuple[float, float]],
         n += count - c0
         s += total - s0
     return int(n), s * 1000
-
-
-def t975(df: int) -> float:
-    """Student's t two-sided 95 % quantile for ``df`` degrees of freedom (the table's next
-    smaller df when it has no entry: a slightly wider, never a narrower, interval)."""
-    if df < 1:
-        return float("nan")
-    if df > 120:
-        return 1.960
-    return T975[max(k for k in T975 if k <= df)]
-
-
-def mean_interval(values: Sequence[float]) -> Dict[str, float]:
-    """Mean of ``values`` with a 95 % t-interval (n - 1 degrees of freedom); the interval is
-    nan when there are fewer than two values (one round says nothing about its spread)."""
-    n = len(values)
-    nan = float("nan")
-    if n == 0:
-        return {"n": 0, "mean": nan, "lo": nan, "hi": nan}
-    mean = sum(values) / n
-    if n < 2:
-        return {"n": 1, "mean": mean, "lo": nan, "hi": nan}
-    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
-    half = t975(n - 1) * sd / n ** 0.5
-    return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half}
 
 
 def round_differences(arm_rounds: Sequence[Sequence[float]],
