@@ -16,15 +16,18 @@ take hours on 2 CPUs; what the daemon keeps per pod is the same), with:
 - the cluster link to a private API server (``PrivateControlPlane`` with deploy/'s CRDs,
   RBAC and node policy, the node's own ServiceAccount; Oenuma rules, status and events)
   when kube-apiserver and etcd are here (``--no-cluster`` leaves it off);
-- the metrics endpoint and the admin socket.
+- the metrics endpoint and the admin socket;
+- NRI (``[nri] enabled``) registered with the fake NRI runtime
+  (``anolisnuma.testing.nri_runtime.FakeNriRuntime``, which speaks and reads as containerd
+  2.2 does), configured and synchronized.
 
-NRI is not on: with ``[nri] enabled`` the proxy relays every CRI call unchanged and the
-policies act on NRI's events only, so pod starts through the proxy would not exercise
-them; driving the events through the fake NRI runtime instead is left for later.
-
-One caller per ``--callers`` (default 2) runs whole lifecycles on one shared connection
-(RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
-StopPodSandbox, RemovePodSandbox). Printed: VmRSS (/proc/<pid>/status) at rest (after
+With NRI on the proxy relays every CRI call unchanged and the policies act on NRI's events
+only, so the pods are NRI events then, as containerd sends them (RunPodSandbox,
+CreateContainer, StartContainer, StopContainer, RemoveContainer, StopPodSandbox,
+RemovePodSandbox); ``--no-nri`` leaves NRI off and sends the pods through the proxy as CRI
+calls (RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
+StopPodSandbox, RemovePodSandbox on one shared connection). ``--callers`` (default 2) run
+the lifecycles. Printed: VmRSS (/proc/<pid>/status) at rest (after
 start-up and the first resync), every ``--every`` pods, at the end and after a few seconds
 of rest; its growth from the first checkpoint to the end; the verdict against the target
 (<= 48 MB and flat: at most 2 MB of growth after the first checkpoint; informative), and
@@ -103,7 +106,9 @@ def render(r: Dict[str, Any]) -> str:
     L = [f"bench_rss ({r['mode']}): {m['host']}, {m['nproc']} vCPU {m['cpu']}, Linux {m['kernel']}, "
          f"Python {m['python']}; command: {r['command']}",
          f"on: {', '.join(r['on'])}; off: {', '.join(r['off']) or '-'}",
-         f"{r['pods']} pod lifecycles by {r['callers']} callers through the proxy, FakeCri as containerd", "",
+         f"{r['pods']} pod lifecycles by {r['callers']} callers, "
+         f"{'as NRI events of the fake runtime' if r.get('nri', True) else 'through the proxy'}, "
+         f"FakeCri as containerd's CRI", "",
          "| when | pods | VmRSS, MB | pods/s since the previous | load average |", "|---|---:|---:|---:|---|"]
     for s in r["samples"]:
         rate = "-" if s.get("rate") is None else f"{s['rate']:.0f}"
@@ -114,6 +119,9 @@ def render(r: Dict[str, Any]) -> str:
         L.append(f"other load: processes other than the daemon, FakeCri and this script (etcd and "
                  f"kube-apiserver included) used "
                  f"{ld['other']:.0f} % of all CPUs during the pods (busy {ld['busy']:.0f} %, steal {ld['steal']:.0f} %)")
+    if r.get("nri", True) and "nri_placed" in r:
+        L.append(f"NRI CreateContainer answered with a cpuset (placed by NUMA): {r['nri_placed']} of {r['pods']}; "
+                 f"failed pods: {r.get('failed_pods', 0)}")
     L.append(f"RSS <= {T_RSS_MB:g} MB, flat: {r['verdict']['text']}")
     if r.get("problems"):
         L.append("problems: " + "; ".join(r["problems"][:10]))
@@ -126,11 +134,13 @@ def render(r: Dict[str, Any]) -> str:
 class Bench:
     """FakeCri, the fake host, the control plane (if any), the daemon; ``close`` removes all."""
 
-    def __init__(self, cluster: bool) -> None:
+    def __init__(self, cluster: bool, nri: bool = True) -> None:
         self.work = tempfile.mkdtemp(prefix="anolisnuma-bench-rss-")
         self.want_cluster = cluster
+        self.nri = nri
+        self.runtime: Any = None             # the fake NRI runtime
         self.on: List[str] = []
-        self.off: List[str] = ["NRI (see the docstring)"]
+        self.off: List[str] = [] if nri else ["NRI (--no-nri: the pods go through the proxy)"]
         self.problems: List[str] = []
         self.kernel: Any = None
         self.fake: Any = None
@@ -140,6 +150,7 @@ class Bench:
         self._lock = threading.Lock()
         self._next = 0
         self.done = 0
+        self.placed = 0                      # NRI creates answered with a cpuset (NUMA placed them)
 
     def start(self) -> None:
         from anolisnuma.testing.fake_cri import FakeCri
@@ -163,6 +174,11 @@ class Bench:
         }
         self.on = ["QoS (fake kernel, rotating levels)", "NUMA (fake 2 nodes) with traffic affinity",
                    "metrics endpoint", "admin socket"]
+        if self.nri:
+            from anolisnuma.testing.nri_runtime import FakeNriRuntime
+            nri_socket = os.path.join(self.work, "nri.sock")
+            self.runtime = FakeNriRuntime(nri_socket).start()
+            extra["nri"] = {"enabled": True, "socket": nri_socket, "reconnect_max_seconds": 1.0}
         kubeconfig = self.start_cluster()
         if kubeconfig:
             extra["kubernetes"] = {"kubeconfig": kubeconfig, "node_name": NODE, "request_timeout_seconds": 5.0,
@@ -173,7 +189,20 @@ class Bench:
         self.daemon = SubprocessProxy(data, os.path.join(self.work, "daemon"), env=PROXY_ENV, name="daemon")
         self.daemon.start(timeout=60)
         self.pid = self.daemon.proc.pid
+        if self.nri:
+            self.nri_handshake()
 
+    def nri_handshake(self) -> None:
+        """Registration, Configure and an empty Synchronize, as containerd 2.2 does them."""
+        from nri_proto import api_pb2 as nri
+
+        if not self.runtime.registered.wait(60):
+            raise RuntimeError(f"the daemon did not register with the fake NRI runtime: {self.daemon.stderr[-1500:]}")
+        self.runtime.call_plugin("Configure", nri.ConfigureRequest(
+            runtime_name="containerd", runtime_version="v2.2.7", registration_timeout=5000, request_timeout=2000),
+            nri.ConfigureResponse)
+        self.runtime.call_plugin("Synchronize", nri.SynchronizeRequest(), nri.SynchronizeResponse)
+        self.on.append("NRI (fake runtime; the pods are its events)")
     def start_cluster(self) -> str:
         """A private control plane with deploy/'s objects and this node's identity; "" (and
         the link said to be off) when it cannot run here or was not wanted."""
@@ -202,6 +231,8 @@ class Bench:
             code = self.daemon.stop()
             if code not in (0, None):
                 self.problems.append(f"daemon exited with {code}: {self.daemon.stderr[-500:]}")
+        if self.runtime is not None:
+            self.runtime.close()
         if self.fake is not None:
             self.fake.stop(0)
         if self.cp is not None:
@@ -236,7 +267,10 @@ class Bench:
                         return
                     self._next += 1
                 try:
-                    self.lifecycle(i, rt)
+                    if self.nri:
+                        self.nri_lifecycle(i)
+                    else:
+                        self.lifecycle(i, rt)
                 except Exception as e:   # counted; the run goes on
                     with self._lock:
                         self.problems.append(f"pod {i}: {e!r}"[:300])
@@ -282,6 +316,41 @@ class Bench:
         finally:
             self.kernel.cgroup.remove(pod_rel)
 
+    def nri_lifecycle(self, i: int) -> None:
+        """One pod as containerd's NRI events, the fake cgroups made and removed around it
+        as the kubelet and runc make the real ones."""
+        from nri_proto import api_pb2 as nri
+
+        call = self.runtime.call_plugin
+        uid = str(uuid.uuid4())
+        parent = f"/kubepods/burstable/pod{uid}"
+        pod_rel = self.kernel.make_pod(parent).rel
+        sid, cid = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
+        cpu = nri.LinuxCPU(shares=nri.OptionalUInt64(value=51), quota=nri.OptionalInt64(value=PERIOD * 50 // 1000),
+                           period=nri.OptionalUInt64(value=PERIOD))
+        pod = nri.PodSandbox(id=sid, name=f"rss-{i}", uid=uid, namespace=NS,
+                             annotations={"anolisbox.sh/qoslevel": QOS_LEVELS[i % len(QOS_LEVELS)]},
+                             linux=nri.LinuxPodSandbox(cgroup_parent=parent,
+                                                       pod_resources=nri.LinuxResources(cpu=cpu)))
+        ctr = nri.Container(id=cid, pod_sandbox_id=sid, name="app",
+                            linux=nri.LinuxContainer(resources=nri.LinuxResources(cpu=cpu)))
+        try:
+            call("StateChange", nri.StateChangeEvent(event=nri.RUN_POD_SANDBOX, pod=pod), nri.Empty)
+            reply = call("CreateContainer", nri.CreateContainerRequest(pod=pod, container=ctr),
+                         nri.CreateContainerResponse)
+            if reply.adjust.linux.resources.cpu.cpus:   # the NUMA hook's cpuset came back
+                with self._lock:
+                    self.placed += 1
+            ctr_rel = self.kernel.make_container(parent, cid)
+            call("StateChange", nri.StateChangeEvent(event=nri.START_CONTAINER, pod=pod, container=ctr), nri.Empty)
+            call("StopContainer", nri.StopContainerRequest(pod=pod, container=ctr), nri.StopContainerResponse)
+            self.kernel.cgroup.remove(ctr_rel)
+            call("StateChange", nri.StateChangeEvent(event=nri.REMOVE_CONTAINER, pod=pod, container=ctr), nri.Empty)
+            for event in (nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX):
+                call("StateChange", nri.StateChangeEvent(event=event, pod=pod), nri.Empty)
+        finally:
+            self.kernel.cgroup.remove(pod_rel)
+
 
 class _Ours:
     """CPU ticks of this process (FakeCri and the callers are its threads) and the daemon."""
@@ -302,6 +371,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--every", type=int, help=f"read RSS every N pods (default {FULL['every']})")
     ap.add_argument("--callers", type=int, default=2, help="callers on the shared connection (default 2)")
     ap.add_argument("--no-cluster", action="store_true", help="leave the cluster link off")
+    ap.add_argument("--no-nri", action="store_true", help="leave NRI off; the pods go through the proxy")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
@@ -317,10 +387,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     t0 = time.monotonic()
-    bench = Bench(cluster=not args.no_cluster)
+    bench = Bench(cluster=not args.no_cluster, nri=not args.no_nri)
     samples: List[Dict[str, Any]] = []
     result: Dict[str, Any] = {"mode": "quick" if args.quick else "full", "machine": machine(), "pods": cfg["pods"],
-                              "callers": args.callers,
+                              "callers": args.callers, "nri": not args.no_nri,
                               "command": " ".join(["scripts/bench_rss.py"] + (argv if argv is not None else sys.argv[1:]))}
     rc = 0
     load: Dict[str, float] = {}
@@ -351,7 +421,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         bench.close()
     errors = len([p for p in bench.problems if p.startswith("pod ")])
-    result.update(samples=samples, on=bench.on, off=bench.off, problems=bench.problems, load=load,
+    result.update(samples=samples, on=bench.on, nri_placed=bench.placed, off=bench.off, problems=bench.problems, load=load,
                   failed_pods=errors, elapsed_s=time.monotonic() - t0,
                   verdict=rss_verdict([(s["label"], s["pods"], s["mb"]) for s in samples]) if samples else {})
     if rc == 0:

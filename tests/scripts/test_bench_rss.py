@@ -1,7 +1,7 @@
 """scripts/bench_rss.py's own parts: reading VmRSS, the checkpoints, the verdict on the
-48 MB flat target, the report; and one --quick run (FakeCri, the fake host; without the
-cluster link, which has its own tests): a reading at rest, one per 100 pods, every pod
-through. Its figures are the benchmark's to print, never asserted."""
+48 MB flat target, the report; and one --quick run (FakeCri, the fake host, the fake NRI
+runtime; without the cluster link, which has its own tests): a reading at rest, one per
+100 pods, every pod through and placed. Its figures are the benchmark's to print, never asserted."""
 
 from __future__ import annotations
 
@@ -85,4 +85,5 @@ def test_a_quick_run_reads_rss_at_rest_and_every_100_pods(tmp_path):
     assert all(s["mb"] > 0 for s in r["samples"])
     assert r["failed_pods"] == 0, r["problems"][:5]
     assert any(x.startswith("cluster link") for x in r["off"])
+    assert any(x.startswith("NRI") for x in r["on"]) and r["nri_placed"] == 500   # NUMA acted on NRI's creates
     assert "RSS <= 48 MB, flat:" in proc.stdout
