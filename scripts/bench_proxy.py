@@ -1657,7 +1657,8 @@ def render(r: Dict[str, Any]) -> str:
              + ("  ** machine shared: figures are noisy **" if other > BUSY_WARN_PCT else ""))
     L.append("proxies: `python -m anolisnuma -c CONFIG` subprocesses, env "
              + " ".join(f"{k}={v}" for k, v in PROXY_ENV.items()) + "; A (parts 1, 3-5) and B (part 2): no hooks "
-             "([qos]/[numa] enabled = false); C (part 6) and H (part 7): NUMA hook on, default budgets")
+             "([qos]/[numa] enabled = false); N (part 1), C (part 6) and H (part 7): NUMA hook on, default "
+             "budgets")
     L.append("clients: grpcio sync channels, raw-bytes calls (no client-side decode); "
              "direct and proxied calls interleaved call by call")
     L.append("")
