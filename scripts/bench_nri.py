@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Pod start time three ways in one run: direct, through the proxy, with the NRI plugin (issue 29).
+"""Pod start time four ways in one run: direct, through the proxy, with the NRI plugin, with
+a minimal Go NRI plugin as the yardstick (issues 29 and 34).
 
-    sudo .venv/bin/python scripts/bench_nri.py            # 6 rounds x 15 pods per arm, ~2.5 min
-    sudo .venv/bin/python scripts/bench_nri.py --quick    # 2 rounds x 4 pods (CI smoke run, ~15-25 s)
+    sudo .venv/bin/python scripts/bench_nri.py            # 3 x 6 rounds x 15 pods per arm, ~10 min
+    sudo .venv/bin/python scripts/bench_nri.py --quick    # 1 x 2 rounds x 4 pods (CI smoke run, ~30-45 s)
+    sudo .venv/bin/python scripts/bench_nri.py --repeat 1 # one repeat of the full rounds
     sudo .venv/bin/python scripts/bench_nri.py --json FILE
 
 Needs root, containerd v2.2.7 (``build_named("2.2")``: /work/shared/containerd-2.2, NRI is
@@ -25,6 +27,13 @@ as bench_proxy.py's pod start):
   direct   the client on containerd's own socket, no plugin registered
   proxy    the client on daemon A's socket
   nri      the client on containerd's own socket, daemon B registered
+  anchor   the client on containerd's own socket, ``nri-anchor`` registered (the Go plugin of
+           ../shared/nri-anchor, or $ANOLISNUMA_NRI_ANCHOR; NRI's own stub library, pinning
+           pods of the namespace round-robin to CPU 0 / 1); started and waited for ("nri-anchor:
+           synchronized") before each of its arms, stopped after; absent -> the arm is skipped
+
+Every arm starts with a warm-up pod, not timed and removed at once: containerd notices a
+plugin that went away (the previous arm's) only at its next event.
 
 One pod start = RunPodSandbox + CreateContainer + StartContainer of a host-network pod
 (its cgroup made first, as the kubelet does) with one container requesting 50m; each call
@@ -33,6 +42,12 @@ backward every other round) so that drift and other load hit the arms alike; aft
 arm everything it made is removed (not timed). After each proxy and nri arm every container's
 real cgroup ``cpuset.cpus`` is read: it must be one node's CPUs (the run prints how many
 were placed: figures without placement would mean nothing); the direct arm's must not be.
+
+The rounds run ``--repeat`` times (the load is said for each repeat). Printed besides: per
+figure the mean added over direct (the mean of per-round differences, with a 95 %
+t-interval over rounds), "CreateContainer added over no plugin" for nri and anchor, the
+plugins' CPU per pod start (process CPU clock of daemon B and of nri-anchor over the timed
+pods), and issue 34's targets read off them (met / missed; informative only).
 
 Printed: per arm p50 / p90 / max of the pod start and of each call, their ratios to direct
 (p50 and p90); what the daemons logged for the same calls (proxy: request in to reply out,
@@ -53,6 +68,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -64,7 +80,7 @@ for _p in (HERE, os.path.join(HERE, "tests", "e2e"), os.path.join(HERE, "scripts
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from bench_proxy import log, pct  # noqa: E402
+from bench_proxy import T975, cpu_seconds, log, mean_interval, pct, t975  # noqa: E402,F401
 from anolisnuma.policies.numa.cpuset import CpuSet, CpuSetError  # noqa: E402
 from anolisnuma.testing.containerd import PrivateContainerd, cleanup_dead_instances  # noqa: E402
 from anolisnuma.testing.containerd_builds import build_named  # noqa: E402
@@ -76,12 +92,19 @@ RUN_PREFIX = "/run/anolisnuma-bench-nri-"
 LAST_LOG = "/tmp/anolisnuma-bench-nri-last-containerd.log"
 NS = "bench-nri"
 NODE_CPUS = {0: "0", 1: "1"}         # the fake topology's node -> this machine's CPU
-ARMS = ("direct", "proxy", "nri")
+ARMS = ("direct", "proxy", "nri", "anchor")
+PLUGIN_ARMS = ("nri", "anchor")      # arms with an NRI plugin registered (one at a time)
 CALLS = ("RunPodSandbox", "CreateContainer", "StartContainer")
 REGISTERED = "registered with containerd as an NRI plugin"
 CPU_SHARES = 51                      # 50m: 15 pods x 50m fit one node of one CPU
-FULL = {"rounds": 6, "pods": 15}
-QUICK = {"rounds": 2, "pods": 4}
+FULL = {"rounds": 6, "pods": 15, "repeat": 3}
+QUICK = {"rounds": 2, "pods": 4, "repeat": 1}
+ANCHOR_ENV = "ANOLISNUMA_NRI_ANCHOR"  # the Go yardstick plugin's binary, if not at ../shared/nri-anchor
+ANCHOR_READY = "nri-anchor: synchronized"
+# issue 34's targets (informative: the verdicts never change the exit status)
+T_CREATE_OVER_ANCHOR_MS = 1.0        # NRI CreateContainer added <= anchor's + 1.0 ms
+T_CPU_X_ANCHOR = 2.0                 # plugin CPU per pod start <= 2 x anchor's
+T_POD_X_DIRECT = 1.03                # whole pod start p50 <= 1.03 x direct, proxy and nri
 NOISY_PERCENT = 10.0                 # other processes' share of the CPUs that makes figures noisy
 CG_CPUSET = "/sys/fs/cgroup/cpuset"
 
@@ -105,12 +128,16 @@ def ratios(figures: Dict[str, Dict[str, float]], base: str = "direct") -> Dict[s
 
 
 def run_order(arms: Sequence[str], rounds: int) -> List[List[str]]:
-    """Round r starts with arm r (rotating), and goes backward every other round."""
+    """Round r starts with arm r (rotating), and goes backward every other round; with an
+    even number of arms the direction also flips every full rotation (else each arm would
+    always be followed by the same one)."""
     out = []
+    n = len(arms)
     for r in range(rounds):
-        k = r % len(arms)
+        k = r % n
         order = list(arms[k:]) + list(arms[:k])
-        out.append(order if r % 2 == 0 else [order[0]] + order[1:][::-1])
+        backward = (r % 2 == 1) != (n % 2 == 0 and (r // n) % 2 == 1)
+        out.append([order[0]] + order[1:][::-1] if backward else order)
     return out
 
 
@@ -150,6 +177,13 @@ def other_cpu_percent(before: Dict[str, float], after: Dict[str, float]) -> Dict
             "steal": 100 * (after["steal"] - before["steal"]) / total}
 
 
+def pooled_load(loads: Sequence[Dict[str, float]]) -> Dict[str, float]:
+    """The repeats' other-load figures averaged (each repeat measures about as long)."""
+    if not loads:
+        return {}
+    return {k: sum(ld[k] for ld in loads) / len(loads) for k in loads[0]}
+
+
 def parse_metrics(text: str) -> Dict[Tuple[str, str], Tuple[float, float]]:
     """``anolisnuma_hook_duration_seconds`` from Prometheus text: (hook, stage) -> (count, sum),
     outcomes added up."""
@@ -177,6 +211,67 @@ def pre_hook_ms(before: Dict[Tuple[str, str], Tuple[float, float]],
         n += count - c0
         s += total - s0
     return int(n), s * 1000
+
+
+def round_differences(arm_rounds: Sequence[Sequence[float]],
+                      base_rounds: Sequence[Sequence[float]]) -> List[float]:
+    """Per round, the arm's mean minus the base arm's mean (ms): rounds where either arm has
+    no sample are left out. Pairing by round takes the drift between rounds out."""
+    out = []
+    for a, b in zip(arm_rounds, base_rounds):
+        if a and b:
+            out.append(sum(a) / len(a) - sum(b) / len(b))
+    return out
+
+
+def anchor_binary(repo: str, env: Optional[Dict[str, str]] = None) -> Tuple[Optional[str], str]:
+    """(path, why): the Go yardstick plugin from $ANOLISNUMA_NRI_ANCHOR, else
+    ../shared/nri-anchor/nri-anchor beside the repository; (None, why not) when neither is
+    an executable file."""
+    env = os.environ if env is None else env
+    wanted = env.get(ANCHOR_ENV) or os.path.join(os.path.dirname(os.path.abspath(repo)), "shared",
+                                                 "nri-anchor", "nri-anchor")
+    if os.path.isfile(wanted) and os.access(wanted, os.X_OK):
+        return wanted, f"nri-anchor at {wanted}"
+    return None, f"no executable nri-anchor at {wanted} (set {ANCHOR_ENV})"
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "missed"
+
+
+def verdicts(s: Dict[str, Any]) -> List[Tuple[str, Optional[bool], str]]:
+    """Issue 34's targets read off one run's summary: (target, met or None when not
+    measured, the figures). Informative only."""
+    out: List[Tuple[str, Optional[bool], str]] = []
+    iv = s.get("intervals", {}).get("CreateContainer", {})
+    nri, anc = iv.get("nri"), iv.get("anchor")
+    name = f"NRI CreateContainer added <= anchor's + {T_CREATE_OVER_ANCHOR_MS:.1f} ms"
+    if nri and anc and nri["n"] and anc["n"]:
+        ok = nri["mean"] <= anc["mean"] + T_CREATE_OVER_ANCHOR_MS
+        out.append((name, ok, f"{_met(ok)}: nri +{_f(nri['mean'], 2)} ms, anchor +{_f(anc['mean'], 2)} ms "
+                              f"(difference {_f(nri['mean'] - anc['mean'], 2)} ms)"))
+    else:
+        out.append((name, None, "not measured (no anchor arm)"))
+    cpu = s.get("plugin_cpu", {})
+    name = f"plugin CPU per pod start <= {T_CPU_X_ANCHOR:g} x anchor's"
+    cn, ca = cpu.get("nri"), cpu.get("anchor")
+    if cn and ca and cn["n"] and ca["n"] and ca["mean"] > 0:
+        ok = cn["mean"] <= T_CPU_X_ANCHOR * ca["mean"]
+        out.append((name, ok, f"{_met(ok)}: daemon B {_f(cn['mean'], 2)} ms, anchor {_f(ca['mean'], 2)} ms "
+                              f"({_f(cn['mean'] / ca['mean'], 2)} x)"))
+    else:
+        out.append((name, None, "not measured (no anchor arm)"))
+    rat = s.get("ratios", {}).get("pod", {})
+    for arm in ("proxy", "nri"):
+        name = f"pod start p50 <= {T_POD_X_DIRECT:g} x direct ({arm})"
+        x = rat.get(arm, {}).get("p50", float("nan"))
+        if x == x:
+            ok = x <= T_POD_X_DIRECT
+            out.append((name, ok, f"{_met(ok)}: {_f(x, 3)} x"))
+        else:
+            out.append((name, None, "not measured"))
+    return out
 
 
 DAEMON_LINES = {"proxy": "reply from containerd", "nri": "answered to containerd (NRI)"}
@@ -378,9 +473,59 @@ class Daemon:
         return [f"{self.name}: {n} x {k}" for k, n in sorted(seen.items())]
 
 
+class Anchor:
+    """The Go yardstick plugin (``nri-anchor``) as a subprocess, its output in a file."""
+
+    def __init__(self, binary: str, nri_socket: str, log_file: str) -> None:
+        self.binary, self.socket, self.log_file = binary, nri_socket, log_file
+        self.proc: Optional[subprocess.Popen] = None
+        self.starts: List[float] = []
+
+    def argv(self) -> List[str]:
+        # -mems empty: the daemons run with memory pinning off, so neither sets cpuset.mems
+        return [self.binary, "-socket", self.socket, "-name", "anchor", "-idx", "10", "-namespace", NS,
+                "-cpus", ",".join(NODE_CPUS[n] for n in sorted(NODE_CPUS)), "-mems="]
+
+    def start(self, timeout: float = 30.0) -> None:
+        t0 = time.monotonic()
+        with open(self.log_file, "ab") as out:
+            self.proc = subprocess.Popen(self.argv(), stdout=out, stderr=subprocess.STDOUT)
+        while True:
+            with open(self.log_file, errors="replace") as f:
+                seen = f.read().count(ANCHOR_READY)
+            if seen > len(self.starts):
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"nri-anchor exited with {self.proc.returncode}: {self.tail()}")
+            if time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"nri-anchor: no {ANCHOR_READY!r} after {timeout:g} s: {self.tail()}")
+            time.sleep(0.02)
+        self.starts.append(time.monotonic() - t0)
+
+    def tail(self) -> str:
+        try:
+            with open(self.log_file, errors="replace") as f:
+                return f.read()[-1500:]
+        except OSError:
+            return ""
+
+    def stop(self) -> Optional[int]:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout=10)
+
+
 class Bench:
-    def __init__(self, rounds: int, pods: int) -> None:
-        self.rounds, self.pods = rounds, pods
+    def __init__(self, rounds: int, pods: int, repeat: int = 1, anchor: Optional[str] = None) -> None:
+        self.rounds, self.pods, self.repeat = rounds, pods, repeat
+        self.arms = [a for a in ARMS if a != "anchor" or anchor]
+        self.anchor_binary = anchor
+        self.anchor: Optional[Anchor] = None
         pid = os.getpid()
         self.pc = PrivateContainerd(f"{BASE_PREFIX}{pid}", f"{RUN_PREFIX}{pid}", cni=False,
                                     build=build_named("2.2"))
@@ -390,6 +535,10 @@ class Bench:
         self.clients: Dict[str, Any] = {}
         self.ours = Ours(self.pc.socket)
         self.samples: Dict[str, Dict[str, List[float]]] = {a: {k: [] for k in ("pod",) + CALLS} for a in ARMS}
+        # per round, per arm and figure: that round's samples (the intervals pair arms by round)
+        self.by_round: List[Dict[str, Dict[str, List[float]]]] = []
+        self.plugin_cpu: Dict[str, List[float]] = {a: [] for a in PLUGIN_ARMS}   # ms per pod, per round
+        self.loads: List[Dict[str, float]] = []
         self.placed: Dict[str, Dict[str, int]] = {a: {"pods": 0, "placed": 0, "node0": 0, "node1": 0} for a in ARMS}
         self.unplaced: List[str] = []
         self.logged: Dict[str, Dict[str, List[float]]] = {a: {c: [] for c in CALLS} for a in ("proxy", "nri")}
@@ -414,7 +563,9 @@ class Bench:
         from cri_client import KubeletLike
         self.clients = {"direct": KubeletLike(self.pc.socket, harness=self.pc, timeout=120),
                         "proxy": KubeletLike(self.a.proc.socket_path, harness=self.pc, timeout=120)}
-        self.clients["nri"] = self.clients["direct"]
+        self.clients["nri"] = self.clients["anchor"] = self.clients["direct"]
+        if self.anchor_binary:
+            self.anchor = Anchor(self.anchor_binary, self.pc.nri_socket, os.path.join(self.work, "anchor.log"))
 
     def teardown(self) -> None:
         for kl in {id(k): k for k in self.clients.values()}.values():
@@ -423,6 +574,11 @@ class Bench:
                 kl.close()
             except Exception as e:
                 self.problems.append(f"pod cleanup: {e!r}")
+        if self.anchor is not None:
+            try:
+                self.anchor.stop()
+            except Exception as e:
+                self.problems.append(f"nri-anchor stop: {e!r}")
         for d in (self.b, self.a):
             if d is not None:
                 try:
@@ -487,22 +643,53 @@ class Bench:
             errors += [f"cgroup left: {d}" for d in self.pc.remove_pod_cgroup(parent)]
         return errors
 
-    def arm(self, arm: str, n: int, record: bool) -> None:
-        kl = self.clients[arm]
-        daemon = self.a if arm == "proxy" else self.b if arm == "nri" else None
+    def plugin_pid(self, arm: str) -> int:
+        """Register the arm's plugin (one at a time) and return its pid; 0 for no plugin."""
         if arm == "nri":
             assert self.b is not None
             self.b.start(ready_message=REGISTERED)
-            self.ours.live.append(self.b.proc.proc.pid)
+            pid = self.b.proc.proc.pid
+        elif arm == "anchor":
+            assert self.anchor is not None
+            self.anchor.start()
+            pid = self.anchor.proc.pid
+        else:
+            return 0
+        self.ours.live.append(pid)
+        return pid
+
+    def stop_plugin(self, arm: str, pid: int) -> None:
+        if not pid:
+            return
+        code = self.b.stop() if arm == "nri" else self.anchor.stop()
+        self.ours.live.remove(pid)
+        if code != 0:
+            tail = self.b.proc.stderr[-500:] if arm == "nri" else self.anchor.tail()
+            self.problems.append(f"{arm} plugin exited with {code}: {tail}")
+
+    def arm(self, arm: str, n: int, record: bool) -> None:
+        kl = self.clients[arm]
+        daemon = self.a if arm == "proxy" else self.b if arm == "nri" else None
+        pid = self.plugin_pid(arm)
+        # A warm-up pod, not timed: containerd notices a plugin that went away (the previous
+        # arm's) only at its next event, and that event pays for closing it.
+        self.one_pod(kl, arm)
+        self.problems += [f"{arm} warm-up cleanup: {e}" for e in self.remove_all(kl)]
         offset = daemon.log_size() if daemon is not None else 0
         hooks0 = daemon.hooks() if daemon is not None and record else {}
+        cpu0 = cpu_seconds(pid) if pid else 0.0
         t0 = time.monotonic()
         times = [self.one_pod(kl, arm) for _ in range(n)]
         self.measured_s += time.monotonic() - t0
+        cpu1 = cpu_seconds(pid) if pid else 0.0
         if record:
+            this_round = self.by_round[-1][arm]
             for t in times:
                 for key, v in zip(("pod",) + CALLS, t):
                     self.samples[arm][key].append(v)
+                    this_round[key].append(v)
+            if pid:
+                self.plugin_cpu[arm].append((cpu1 - cpu0) * 1e3 / n)
             self.check_placement(kl, arm)
             if daemon is not None:
                 time.sleep(1.05)   # the metrics page is collected at most once a second
@@ -513,30 +700,31 @@ class Bench:
                     self.logged[arm][c] += v
         self.ours.sample_shims()
         self.problems += [f"{arm} cleanup: {e}" for e in self.remove_all(kl)]
-        if arm == "nri":
-            assert self.b is not None
-            pid = self.b.proc.proc.pid
-            code = self.b.stop()
-            self.ours.live.remove(pid)
-            if code != 0:
-                self.problems.append(f"daemon b exited with {code}: {self.b.proc.stderr[-500:]}")
+        self.stop_plugin(arm, pid)
 
     def measure(self) -> None:
-        log("warm-up: 1 pod per arm")
-        for arm in ARMS:
+        log(f"warm-up: 1 pod per arm ({', '.join(self.arms)})")
+        for arm in self.arms:
             self.arm(arm, 1, record=False)
-        before = cpu_sample(self.ours)
         t0 = time.monotonic()
-        for r, order in enumerate(run_order(ARMS, self.rounds)):
-            log(f"round {r + 1}/{self.rounds}: {' '.join(order)}, {self.pods} pods each")
-            for arm in order:
-                self.arm(arm, self.pods, record=True)
+        orders = run_order(self.arms, self.rounds * self.repeat)
+        for k in range(self.repeat):
+            before = cpu_sample(self.ours)
+            for r in range(self.rounds):
+                order = orders[k * self.rounds + r]
+                log(f"repeat {k + 1}/{self.repeat}, round {r + 1}/{self.rounds}: {' '.join(order)}, "
+                    f"{self.pods} pods each")
+                self.by_round.append({a: {key: [] for key in ("pod",) + CALLS} for a in ARMS})
+                for arm in order:
+                    self.arm(arm, self.pods, record=True)
+            self.loads.append(other_cpu_percent(before, cpu_sample(self.ours)))
         self.wall_s = time.monotonic() - t0
-        self.load = other_cpu_percent(before, cpu_sample(self.ours))
+        self.load = pooled_load(self.loads)
 
     # ---- figures
     def summary(self) -> Dict[str, Any]:
-        figs: Dict[str, Dict[str, Any]] = {k: {a: stats(self.samples[a][k]) for a in ARMS} for k in ("pod",) + CALLS}
+        figs: Dict[str, Dict[str, Any]] = {k: {a: stats(self.samples[a][k]) for a in self.arms}
+                                           for k in ("pod",) + CALLS}
         rat = {k: ratios(v) for k, v in figs.items()}
         daemon = {a: {c: stats(v) for c, v in self.logged[a].items()} for a in self.logged}
         hooks = {}
@@ -544,9 +732,16 @@ class Bench:
             pods = len(self.samples[a]["pod"])
             hooks[a] = {"pre_hook_calls": calls, "pre_hook_ms_total": ms,
                         "pre_hook_ms_per_pod": ms / pods if pods else float("nan")}
-        return {"figures_ms": figs, "ratios": rat, "placement": self.placed, "unplaced": self.unplaced,
+        intervals = {k: {a: mean_interval(round_differences([r[a][k] for r in self.by_round],
+                                                            [r["direct"][k] for r in self.by_round]))
+                         for a in self.arms if a != "direct"} for k in ("pod",) + CALLS}
+        cpu = {a: mean_interval(v) for a, v in self.plugin_cpu.items() if a in self.arms}
+        return {"arms": list(self.arms), "repeat": self.repeat, "intervals": intervals, "plugin_cpu": cpu,
+                "loads": self.loads, "anchor": getattr(self, "anchor_note", ""),
+                "figures_ms": figs, "ratios": rat, "placement": self.placed, "unplaced": self.unplaced,
                 "daemon_ms": daemon, "hooks": hooks, "rounds": self.rounds, "pods_per_arm_round": self.pods,
                 "b_start_to_registered_s": stats(self.b.starts if self.b else []),
+                "anchor_start_to_synchronized_s": stats(self.anchor.starts if self.anchor else []),
                 "other_load": self.load, "measured_s": getattr(self, "wall_s", 0.0),
                 "pod_start_s_total": self.measured_s}
 
@@ -561,15 +756,17 @@ def render(r: Dict[str, Any]) -> str:
     s = r["summary"]
     m = r["machine"]
     figs, rat = s["figures_ms"], s["ratios"]
+    arms = s.get("arms", list(ARMS))
     L = [f"bench_nri ({r['mode']}): {m['host']}, {m['nproc']} vCPU {m['cpu']}, Linux {m['kernel']}, "
          f"Python {m['python']}, {r.get('containerd', '?')}",
-         f"{s['rounds']} rounds x {s['pods_per_arm_round']} pods per arm, arms interleaved (order rotating); "
-         f"command: {r['command']}",
+         f"{s.get('repeat', 1)} x {s['rounds']} rounds x {s['pods_per_arm_round']} pods per arm, arms interleaved "
+         f"(order rotating); a warm-up pod per arm before its timed pods; command: {r['command']}",
+         f"anchor arm: {s.get('anchor') or '-'}",
          ""]
     L.append("| arm | pods | placed on one node | pod start p50 / p90 / max, ms | x direct p50 | x direct p90 "
              "| added p50, ms |")
     L.append("|---|---:|---:|---:|---:|---:|---:|")
-    for a in ARMS:
+    for a in arms:
         f, x, p = figs["pod"][a], rat["pod"][a], s["placement"][a]
         placed = f"{p['placed']} (node 0: {p['node0']}, node 1: {p['node1']})"
         L.append(f"| {a} | {f['n']} | {placed} | {_f(f['p50'])} / {_f(f['p90'])} / {_f(f['max'])} | "
@@ -578,12 +775,14 @@ def render(r: Dict[str, Any]) -> str:
     L.append("| call | arm | p50 / p90 / max, ms | mean, ms | x direct p50 / p90 | daemon logged p50 / mean, ms |")
     L.append("|---|---|---:|---:|---:|---:|")
     for c in CALLS:
-        for a in ARMS:
+        for a in arms:
             f, x = figs[c][a], rat[c][a]
             logged = s["daemon_ms"].get(a, {}).get(c)
             lg = f"{_f(logged['p50'])} / {_f(logged['mean'])} (n={logged['n']})" if logged else "-"
             L.append(f"| {c} | {a} | {_f(f['p50'])} / {_f(f['p90'])} / {_f(f['max'])} | {_f(f['mean'])} | "
                      f"{_f(x['p50'], 3)} / {_f(x['p90'], 3)} | {lg} |")
+    L.append("")
+    L += render_intervals(s, arms)
     L.append("")
     L.append("daemon logged: proxy = from the request's arrival to containerd's reply (pre-hooks and containerd "
              "included); nri = the event's time in anolisnuma's pipeline (pre-hooks, store, journal; not the "
@@ -594,18 +793,57 @@ def render(r: Dict[str, Any]) -> str:
     b = s["b_start_to_registered_s"]
     L.append(f"daemon B, start to registered (not timed): p50 {_f(b['p50'], 2)} s, max {_f(b['max'], 2)} s "
              f"over {b['n']} starts")
+    a = s.get("anchor_start_to_synchronized_s")
+    if a and a["n"]:
+        L.append(f"nri-anchor, start to synchronized (not timed): p50 {_f(a['p50'], 2)} s, max {_f(a['max'], 2)} s "
+                 f"over {a['n']} starts")
+    for k, one in enumerate(s.get("loads", [])):
+        L.append(f"repeat {k + 1}: other processes {_f(one['other'], 0)} % of all CPUs "
+                 f"(busy {_f(one['busy'], 0)} %, steal {_f(one['steal'], 0)} %)")
     ld = s["other_load"]
     L.append(f"other load: processes not the benchmark's used {_f(ld.get('other', float('nan')), 0)} % of all CPUs "
              f"while measuring (machine busy {_f(ld.get('busy', float('nan')), 0)} %, steal "
              f"{_f(ld.get('steal', float('nan')), 0)} %); load average {m['loadavg_at_start']} before, "
              f"{r.get('loadavg_at_end', '?')} after"
              + ("  ** machine shared: figures are noisy **" if ld.get("other", 0) > NOISY_PERCENT else ""))
+    L.append("")
+    L.append("issue 34's targets (informative):")
+    for name, ok, text in verdicts(s):
+        L.append(f"  {name}: {text}")
     if s["unplaced"]:
         L.append(f"PLACEMENT WRONG for {len(s['unplaced'])} containers: " + "; ".join(s["unplaced"][:10]))
     if r.get("problems"):
         L.append("problems: " + "; ".join(r["problems"]))
     L.append(f"run took {r['elapsed_s']:.0f} s")
     return "\n".join(L)
+
+
+def _iv(v: Optional[Dict[str, float]]) -> str:
+    if not v or not v["n"]:
+        return "-"
+    return f"{v['mean']:+.2f} [{_f(v['lo'], 2)}, {_f(v['hi'], 2)}]"
+
+
+def render_intervals(s: Dict[str, Any], arms: Sequence[str]) -> List[str]:
+    """Pooled means over direct with their 95 % intervals, and the plugins' CPU."""
+    iv = s.get("intervals")
+    if not iv:
+        return []
+    others = [a for a in arms if a != "direct"]
+    n = max((v["n"] for k in iv.values() for v in k.values()), default=0)
+    L = [f"added over direct, mean of per-round differences with a 95 % t-interval over {n} rounds, ms:",
+         "| figure | " + " | ".join(others) + " |", "|---|" + "---:|" * len(others)]
+    for k in ("pod",) + CALLS:
+        L.append(f"| {'pod start' if k == 'pod' else k} | " + " | ".join(_iv(iv[k].get(a)) for a in others) + " |")
+    cc = iv.get("CreateContainer", {})
+    L.append("CreateContainer added over no plugin: "
+             + ", ".join(f"{a} {_iv(cc.get(a))} ms" for a in PLUGIN_ARMS if a in arms))
+    cpu = s.get("plugin_cpu", {})
+    who = {"nri": "daemon B (NRI mode)", "anchor": "nri-anchor"}
+    L.append("plugin CPU per pod start (the plugin process over the timed pods, mean over rounds [95 %]): "
+             + ", ".join(f"{who[a]} {_f(v['mean'], 2)} ms [{_f(v['lo'], 2)}, {_f(v['hi'], 2)}]"
+                         for a, v in cpu.items() if v["n"]))
+    return L
 
 
 def preflight() -> Optional[str]:
@@ -627,10 +865,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"{QUICK['rounds']} rounds x {QUICK['pods']} pods (CI smoke)")
     ap.add_argument("--rounds", type=int, help=f"rounds (default {FULL['rounds']})")
     ap.add_argument("--pods", type=int, help=f"pods per arm and round (default {FULL['pods']})")
+    ap.add_argument("--repeat", type=int, help=f"repeat the rounds N times, the load said for each "
+                                               f"(default {FULL['repeat']}, {QUICK['repeat']} with --quick)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON to FILE")
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
-    cfg.update({k: v for k, v in (("rounds", args.rounds), ("pods", args.pods)) if v})
+    cfg.update({k: v for k, v in (("rounds", args.rounds), ("pods", args.pods), ("repeat", args.repeat)) if v})
     problem = preflight()
     if problem:
         print(f"bench_nri: {problem}", file=sys.stderr)
@@ -648,7 +888,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         result["containerd"] = build_named("2.2").version()
     except Exception:
         result["containerd"] = "containerd 2.2"
-    bench = Bench(cfg["rounds"], cfg["pods"])
+    anchor, note = anchor_binary(HERE)
+    if anchor is None:
+        log(f"anchor arm skipped: {note}")
+        note = f"skipped: {note}"
+    bench = Bench(cfg["rounds"], cfg["pods"], cfg["repeat"], anchor)
+    bench.anchor_note = note
     rc = 0
     try:
         bench.setup()

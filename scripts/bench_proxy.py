@@ -16,7 +16,13 @@ error or Ctrl-C):
   topology over this machine's CPUs, written under the proxy's directory; memory pinning
   off) and the default memory budgets.
 
-Parts 1-5 measure the pass-through cost (proxies A and B, no hook enabled). Parts 1, 2 and
+- proxy N in front of the real containerd with the NUMA hook on for its own namespace
+  (part 1: CreateContainer with NUMA on against direct, issue 34's <= +1.5 ms).
+
+Parts 1-5 measure the pass-through cost (proxies A and B, no hook enabled); part 1 also
+runs the same pod starts through proxy N, interleaved with the other two (every pod asks
+for 50m so that the NUMA hook places it), and reports CreateContainer per path, the mean
+added over direct (per-iteration differences, 95 % t-interval) and how many were placed. Parts 1, 2 and
 4 also measure ``socat UNIX-LISTEN:...,fork UNIX-CONNECT:...`` (Debian package socat) in
 front of the same backend, the floor of any relay: one more unix-socket hop and a copy.
 With ``--proxy-tree DIR`` the proxies of another source tree run beside this tree's in the
@@ -83,6 +89,8 @@ KIB, MIB = 1 << 10, 1 << 20
 CREATE = RUNTIME + "CreateContainer"
 UNKNOWN = "/made.up.Service/Upload"
 LARGE_NS = "bench-numa"        # the namespace the NUMA hook of proxies C and H manages
+POD_NUMA_NS = "bench-numa-pods"   # the namespace the NUMA hook of proxy N manages (pod start)
+POD_CPU_SHARES = 51            # 50m: every pod start asks for CPU, so the NUMA hook places it
 CODE_NAMES = {0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 4: "DEADLINE_EXCEEDED", 8: "RESOURCE_EXHAUSTED",
               13: "INTERNAL", 14: "UNAVAILABLE"}
 PROXY_ENV = {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "268435456"}
@@ -97,6 +105,12 @@ T_ADDED_P50_US = 100.0     # Version, Status
 T_CPU_US = 100.0           # proxy CPU per small call
 T_LIST_RATIO = 1.2         # ListContainers x1000 (fake backend), p50
 T_POD_RATIO = 1.05         # issue 2
+T_NUMA_CREATE_MS = 1.5     # issue 34: CreateContainer with the NUMA hook on, over direct (mean)
+# two-sided 95 % quantiles of Student's t by degrees of freedom (no scipy on the machine)
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+        10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+        18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060,
+        26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
 T_TPUT_RATIO = 0.80
 T_RSS_MB = 48.0          # issue 20: room for grpcio's core (the daemon's own calls to containerd)
 T_RSS_GROWTH_MB = 2.0
@@ -147,6 +161,48 @@ def lat_summary(direct_ns: List[int], proxy_ns: List[int]) -> Dict[str, float]:
             "ratio_p50": p50 / d50 if d50 else float("nan"),
             "ratio_p99": p99 / d99 if d99 else float("nan")}
 
+
+def t975(df: int) -> float:
+    """Student's t two-sided 95 % quantile for ``df`` degrees of freedom (the table's next
+    smaller df when it has no entry: a slightly wider, never a narrower, interval)."""
+    if df < 1:
+        return float("nan")
+    if df > 120:
+        return 1.960
+    return T975[max(k for k in T975 if k <= df)]
+
+
+def mean_interval(values: Sequence[float]) -> Dict[str, float]:
+    """Mean of ``values`` with a 95 % t-interval (n - 1 degrees of freedom); the interval is
+    nan when there are fewer than two values (one round says nothing about its spread)."""
+    n = len(values)
+    nan = float("nan")
+    if n == 0:
+        return {"n": 0, "mean": nan, "lo": nan, "hi": nan}
+    mean = sum(values) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "lo": nan, "hi": nan}
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    half = t975(n - 1) * sd / n ** 0.5
+    return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half}
+
+
+
+def numa_create_summary(creates: Dict[str, List[float]], times: Dict[str, List[float]]) -> Dict[str, Any]:
+    """CreateContainer (ms) per path and what the NUMA hook's path adds over direct: the
+    mean of the per-iteration differences (the paths' i-th pods ran in the same
+    interleaved iteration) with a 95 % t-interval, and the p50 difference; the whole pod
+    start's median ratio too; against issue 34's target (mean added <= T_NUMA_CREATE_MS)."""
+    per = {k: {"n": len(v), "p50": pct(v, 0.5), "p90": pct(v, 0.9),
+               "mean": sum(v) / len(v) if v else float("nan")} for k, v in creates.items()}
+    diffs = [b - a for a, b in zip(creates.get("direct", []), creates.get("numa", []))]
+    added = mean_interval(diffs)
+    d, x = times.get("direct") or [], times.get("numa") or []
+    ratio = statistics.median(x) / statistics.median(d) if d and x else float("nan")
+    return {"create_ms": per, "added_mean": added,
+            "added_p50_ms": per.get("numa", {}).get("p50", float("nan")) - per.get("direct", {}).get("p50", float("nan")),
+            "pod_ratio_median": ratio, "target_ms": T_NUMA_CREATE_MS,
+            "met": added["mean"] <= T_NUMA_CREATE_MS if added["n"] else None}
 
 def cpu_seconds(pid: int) -> float:
     """CPU time of process ``pid`` (all its threads), to the nanosecond: Linux's CPU clock
@@ -778,6 +834,7 @@ class Bench:
         self.proxy_b: Optional[ProxyProc] = None
         self.proxy_c: Optional[ProxyProc] = None   # NUMA hook on: large creates
         self.proxy_h: Optional[ProxyProc] = None   # NUMA hook on: hostile clients
+        self.proxy_n: Optional[ProxyProc] = None   # NUMA hook on: pod start
         self.fake: Any = None
         self.kubelets: List[Any] = []
         self.channels: List[grpc.Channel] = []
@@ -786,7 +843,8 @@ class Bench:
         self.proxy_logs: Dict[str, Any] = {}
 
     def proxies(self) -> List[ProxyProc]:
-        return [p for p in (self.proxy_a, self.proxy_b, self.proxy_c, self.proxy_h) if p is not None] + \
+        return [p for p in (self.proxy_a, self.proxy_b, self.proxy_c, self.proxy_h, self.proxy_n)
+                if p is not None] + \
             list(self.before.values())
 
     # ---- setup / teardown
@@ -933,53 +991,73 @@ class Bench:
 
         n = self.cfg["pods"]
         assert self.pc is not None and self.proxy_a is not None
+        # proxy N: the NUMA hook on for its own namespace (issue 34: CreateContainer with NUMA
+        # on against direct, in the same interleaved loop)
+        self.proxy_n = ProxyProc("proxy-n", self.work, self.pc.socket, numa_nodes=numa_nodes(),
+                                 numa_namespace=POD_NUMA_NS)
+        self.proxy_n.start()
+        self.proxy_n.wait_log("store reconciled with containerd", 30)
         kd = KubeletLike(self.pc.socket, harness=self.pc)
         self.kubelets.append(kd)
         kp = KubeletLike(self.proxy_a.socket, harness=self.pc)
         self.kubelets.append(kp)
-        times: Dict[str, List[float]] = {"direct": [], "proxy": []}
+        kn = KubeletLike(self.proxy_n.socket, harness=self.pc)
+        self.kubelets.append(kn)
+        times: Dict[str, List[float]] = {"direct": [], "proxy": [], "numa": []}
+        creates: Dict[str, List[float]] = {"direct": [], "proxy": [], "numa": []}   # CreateContainer, ms
 
         proxied: Dict[str, float] = {}   # pod name -> client-measured seconds, via the proxy
 
         def one(kl: Any, tag: str) -> float:
             uid = str(uuid.uuid4())
             name = f"bench-{tag}-{uid[:8]}"
-            cfg = kl.sandbox_config(name, namespace="bench", uid=uid,
+            ns = POD_NUMA_NS if tag.startswith("numa") else "bench"
+            cfg = kl.sandbox_config(name, namespace=ns, uid=uid,
                                     network="node", qos="burstable")
             # The kubelet creates the pod cgroup (cgroupfs driver) before RunPodSandbox; the
             # harness records it, so its cleanup removes it even after a crash.
             self.pc.make_pod_cgroup(cfg.linux.cgroup_parent)
             os.makedirs(cfg.log_directory, exist_ok=True)
-            ccfg = kl.container_config("main", network="node")
+            # the same 50m request on every path, so that CreateContainer is alike but for the hook
+            ccfg = kl.container_config("main", kl.resources(cpu_shares=POD_CPU_SHARES), network="node")
             rt = kl.runtime
             # Only the three CRI calls are timed (no client-side bookkeeping inside).
             t0 = time.perf_counter()
             pod_id = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=120).pod_sandbox_id
-            kl.pods.append(Pod(id=pod_id, uid=uid, name=name, namespace="bench",
+            kl.pods.append(Pod(id=pod_id, uid=uid, name=name, namespace=ns,
                                cgroup_parent=cfg.linux.cgroup_parent, network="node", config=cfg))
+            t1 = time.perf_counter()
             cid = rt.CreateContainer(pb.CreateContainerRequest(
                 pod_sandbox_id=pod_id, config=ccfg, sandbox_config=cfg), timeout=120).container_id
+            t2 = time.perf_counter()
             kl.containers.append(cid)
             rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=120)
             took = time.perf_counter() - t0
             if tag == "proxy":
                 proxied[name] = took
+            if tag in creates:
+                creates[tag].append((t2 - t1) * 1e3)
             return took
 
-        log(f"pod start: 1 warm-up + {n} pods each way, interleaved")
+        log(f"pod start: 1 warm-up + {n} pods each way (direct, proxy, proxy with NUMA), interleaved")
         one(kd, "warm")
         one(kp, "warm")
+        one(kn, "numa-warm")
+        paths = [("direct", kd), ("proxy", kp), ("numa", kn)]
         for i in range(n):
-            order = (("direct", kd), ("proxy", kp)) if i % 2 == 0 else (("proxy", kp), ("direct", kd))
-            for tag, kl in order:
+            k = i % len(paths)
+            order = paths[k:] + paths[:k]
+            for tag, kl in (order if i % 2 == 0 else order[::-1]):
                 times[tag].append(one(kl, tag))
+        self.results["numa_create"] = numa_create_summary(creates, times)
+        self.results["numa_create"]["placed"] = self._placed(kn)
         d, p = statistics.median(times["direct"]), statistics.median(times["proxy"])
         paired = statistics.median(b / a for a, b in zip(times["direct"], times["proxy"]))
         self.results["pod_start"] = {
             "paired_ratio_median": paired,
             "n": n, "direct_median_ms": d * 1e3, "proxy_median_ms": p * 1e3,
             "direct_min_ms": min(times["direct"]) * 1e3, "proxy_min_ms": min(times["proxy"]) * 1e3,
-            "ratio": p / d, "pods_running": len(kd.pods) + len(kp.pods)}
+            "ratio": p / d, "pods_running": len(kd.pods) + len(kp.pods) + len(kn.pods)}
         # The proxy logs containerd's time for each intercepted call (latency_ms, from forward
         # to reply): client time minus that is what the proxy itself added, free of the large
         # run-to-run spread of runc/containerd.
@@ -1006,6 +1084,23 @@ class Bench:
         else:
             self.problems.append(f"pod start: proxy log has latency for {len(upstream)} of "
                                  f"{len(proxied)} proxied pods")
+
+    @staticmethod
+    def _placed(kl: Any) -> Dict[str, int]:
+        """How many of ``kl``'s containers the NUMA hook placed: the OCI spec's cpuset is
+        one fake node's CPUs (figures without placement would mean nothing)."""
+        nodes = set(numa_nodes().values())
+        out = {"containers": 0, "placed": 0}
+        for cid in kl.containers:
+            try:
+                _, info = kl.container_status(cid)
+            except Exception:
+                continue
+            linux = (info.get("runtimeSpec") or {}).get("linux") or {}
+            cpus = ((linux.get("resources") or {}).get("cpu") or {}).get("cpus", "")
+            out["containers"] += 1
+            out["placed"] += int(cpus in nodes)
+        return out
 
     # ---- relayed paths compared with direct in parts 1, 2 and 4
     def relays(self, endpoint: str, tag: str) -> List[Tuple[str, str, Optional[Callable[[], float]]]]:
@@ -1526,6 +1621,23 @@ def tree_commit(tree: str) -> str:
         return ""
 
 
+def render_numa_create(nc: Optional[Dict[str, Any]]) -> List[str]:
+    """Part 1's CreateContainer with the NUMA hook on (proxy N) against direct (issue 34)."""
+    if not nc:
+        return []
+    c, a = nc["create_ms"], nc["added_mean"]
+    pl = nc.get("placed") or {}
+    rows = ", ".join(f"{k} p50 {v['p50']:.1f} / mean {v['mean']:.1f}" for k, v in c.items())
+    lo, hi = ("nan" if a["lo"] != a["lo"] else f"{a['lo']:.2f}"), ("nan" if a["hi"] != a["hi"] else f"{a['hi']:.2f}")
+    ok = nc.get("met")
+    return [f"   CreateContainer, ms ({c.get('numa', {}).get('n', 0)} each; numa = proxy N, NUMA hook on for "
+            f"{POD_NUMA_NS!r}, {pl.get('placed', 0)} of {pl.get('containers', 0)} containers placed on one node): "
+            f"{rows}",
+            f"   NUMA on over direct: mean {a['mean']:+.2f} ms [95 %: {lo}, {hi}], p50 {nc['added_p50_ms']:+.2f} ms; "
+            f"pod start x direct (medians) {nc['pod_ratio_median']:.3f}   target <= +{nc['target_ms']:g} ms "
+            f"{'-' if ok is None else verdict(ok)}"]
+
+
 def render(r: Dict[str, Any]) -> str:
     L: List[str] = []
     mc = r["machine"]
@@ -1545,7 +1657,8 @@ def render(r: Dict[str, Any]) -> str:
              + ("  ** machine shared: figures are noisy **" if other > BUSY_WARN_PCT else ""))
     L.append("proxies: `python -m anolisnuma -c CONFIG` subprocesses, env "
              + " ".join(f"{k}={v}" for k, v in PROXY_ENV.items()) + "; A (parts 1, 3-5) and B (part 2): no hooks "
-             "([qos]/[numa] enabled = false); C (part 6) and H (part 7): NUMA hook on, default budgets")
+             "([qos]/[numa] enabled = false); N (part 1), C (part 6) and H (part 7): NUMA hook on, default "
+             "budgets")
     L.append("clients: grpcio sync channels, raw-bytes calls (no client-side decode); "
              "direct and proxied calls interleaved call by call")
     L.append("")
@@ -1625,6 +1738,7 @@ def render(r: Dict[str, Any]) -> str:
             L.append("   what is left: the kubelet-side hop, the proxy's reply-side work, the client's own cost):")
             L.append(f"   median {ps['proxy_overhead_median_ms']:.2f} ms, max {ps['proxy_overhead_max_ms']:.2f} ms "
                      f"per pod start = {ps['proxy_overhead_pct_of_direct']:.1f} % of the direct median (info)")
+        L += render_numa_create(r.get("numa_create"))
         L.append("")
     tp = r.get("throughput")
     if tp:

@@ -1,7 +1,8 @@
 """scripts/bench_nri.py's own parts: percentiles, ratios to direct, the round order, the
 placement check, the other-load figure, the daemons' metrics and log lines it reads, the
-report; and, with root and containerd 2.2, one --quick run: all three arms have figures and
-every proxy and nri pod was placed. Its figures are the benchmark's to print, never asserted."""
+intervals over rounds, issue 34's verdicts, finding nri-anchor, the report; and, with root
+and containerd 2.2, one --quick run: every arm has figures and every proxy, nri and anchor
+pod was placed. Its figures are the benchmark's to print, never asserted."""
 
 from __future__ import annotations
 
@@ -134,7 +135,8 @@ def _summary(placed_proxy: int = 4):
     figs = {k: {a: bench.stats([10.0, 20.0, 30.0, 40.0]) for a in bench.ARMS} for k in ("pod",) + bench.CALLS}
     placed = {"direct": {"pods": 4, "placed": 0, "node0": 0, "node1": 0},
               "proxy": {"pods": 4, "placed": placed_proxy, "node0": placed_proxy, "node1": 0},
-              "nri": {"pods": 4, "placed": 4, "node0": 2, "node1": 2}}
+              "nri": {"pods": 4, "placed": 4, "node0": 2, "node1": 2},
+              "anchor": {"pods": 4, "placed": 4, "node0": 2, "node1": 2}}
     return {"figures_ms": figs, "ratios": {k: bench.ratios(v) for k, v in figs.items()}, "placement": placed,
             "unplaced": [] if placed_proxy == 4 else ["proxy abc: cgroup cpus '0-1', spec cpus ''"],
             "daemon_ms": {"proxy": {c: bench.stats([1.0]) for c in bench.CALLS},
@@ -142,7 +144,13 @@ def _summary(placed_proxy: int = 4):
             "hooks": {"proxy": {"pre_hook_calls": 4, "pre_hook_ms_total": 8.0, "pre_hook_ms_per_pod": 2.0},
                       "nri": {"pre_hook_calls": 4, "pre_hook_ms_total": 8.0, "pre_hook_ms_per_pod": 2.0}},
             "rounds": 1, "pods_per_arm_round": 4, "b_start_to_registered_s": bench.stats([0.7]),
-            "other_load": {"busy": 60.0, "other": 30.0, "steal": 0.0}, "measured_s": 5.0, "pod_start_s_total": 3.0}
+            "other_load": {"busy": 60.0, "other": 30.0, "steal": 0.0}, "measured_s": 5.0, "pod_start_s_total": 3.0,
+            "arms": list(bench.ARMS), "repeat": 1, "anchor": "nri-anchor at /x",
+            "loads": [{"busy": 60.0, "other": 30.0, "steal": 0.0}],
+            "intervals": {k: {a: bench.mean_interval([1.0, 3.0]) for a in bench.ARMS if a != "direct"}
+                          for k in ("pod",) + bench.CALLS},
+            "plugin_cpu": {"nri": bench.mean_interval([7.0, 8.0]), "anchor": bench.mean_interval([1.0, 1.2])},
+            "anchor_start_to_synchronized_s": bench.stats([0.02])}
 
 
 def test_the_report_has_every_arm_every_call_and_says_when_the_machine_was_shared():
@@ -156,6 +164,10 @@ def test_the_report_has_every_arm_every_call_and_says_when_the_machine_was_share
     assert "| nri | 4 | 4 (node 0: 2, node 1: 2) |" in out
     assert "not the benchmark's used 30 % of all CPUs" in out and "noisy" in out
     assert "PLACEMENT WRONG" not in out
+    assert "| CreateContainer | +2.00 [" in out and "plugin CPU per pod start" in out
+    assert "CreateContainer added over no plugin: nri +2.00" in out
+    assert "plugin CPU per pod start <= 2 x anchor's: missed" in out
+    assert "repeat 1: other processes 30 %" in out
     assert "PLACEMENT WRONG for 1 containers" in bench.render(dict(r, summary=_summary(placed_proxy=3)))
 
 
@@ -170,11 +182,19 @@ def test_a_quick_run_has_all_three_arms_and_every_pod_placed(tmp_path):
     r = json.loads(out.read_text())
     s = r["summary"]
     n = bench.QUICK["rounds"] * bench.QUICK["pods"]
-    for arm in bench.ARMS:
+    assert s["arms"][:3] == ["direct", "proxy", "nri"]
+    for arm in s["arms"]:
         assert s["figures_ms"]["pod"][arm]["n"] == n, arm
         for call in bench.CALLS:
             assert s["figures_ms"][call][arm]["n"] == n
-    for arm in ("proxy", "nri"):
+    if "anchor" in s["arms"]:
+        assert s["plugin_cpu"]["anchor"]["n"] == bench.QUICK["rounds"]
+        assert s["intervals"]["CreateContainer"]["anchor"]["n"] == bench.QUICK["rounds"]
+    else:
+        assert s["anchor"].startswith("skipped")
+    assert s["plugin_cpu"]["nri"]["n"] == bench.QUICK["rounds"]
+    assert "issue 34's targets" in stdout
+    for arm in [a for a in s["arms"] if a != "direct"]:
         assert s["placement"][arm]["placed"] == s["placement"][arm]["pods"] == n, s["unplaced"]
     assert s["placement"]["direct"]["placed"] == 0   # no plugin registered during the direct arm
     assert s["unplaced"] == []
@@ -182,3 +202,71 @@ def test_a_quick_run_has_all_three_arms_and_every_pod_placed(tmp_path):
     assert "| nri |" in stdout
     # its containerd and its directories are gone
     assert not os.path.exists(f"{bench.BASE_PREFIX}{proc.pid}") and not os.path.exists(f"{bench.RUN_PREFIX}{proc.pid}")
+
+
+def test_t_quantiles_and_the_interval_over_rounds():
+    assert bench.t975(1) == 12.706 and bench.t975(5) == 2.571 and bench.t975(35) == 2.042
+    assert bench.t975(500) == 1.960 and bench.t975(0) != bench.t975(0)
+    iv = bench.mean_interval([1.0, 2.0, 3.0])       # sd 1, n 3: half width 4.303 / sqrt(3)
+    assert iv["n"] == 3 and iv["mean"] == 2.0
+    assert iv["hi"] - 2.0 == pytest.approx(4.303 / 3 ** 0.5) and iv["lo"] == pytest.approx(4.0 - iv["hi"])
+    one = bench.mean_interval([5.0])
+    assert one["mean"] == 5.0 and one["lo"] != one["lo"]   # one round: no interval
+    assert bench.mean_interval([])["n"] == 0
+
+
+def test_differences_to_direct_are_paired_by_round():
+    arm = [[10.0, 12.0], [20.0], []]
+    direct = [[9.0, 9.0], [15.0], [1.0]]
+    assert bench.round_differences(arm, direct) == [2.0, 5.0]   # the empty round left out
+
+
+def _verdict_summary(nri_create, anchor_create, nri_cpu, anchor_cpu, proxy_x, nri_x):
+    return {"intervals": {"CreateContainer": {"nri": bench.mean_interval([nri_create] * 2),
+                                              "anchor": bench.mean_interval([anchor_create] * 2)}},
+            "plugin_cpu": {"nri": bench.mean_interval([nri_cpu] * 2), "anchor": bench.mean_interval([anchor_cpu] * 2)},
+            "ratios": {"pod": {"proxy": {"p50": proxy_x}, "nri": {"p50": nri_x}}}}
+
+
+def test_verdicts_read_issue_34s_targets():
+    v = bench.verdicts(_verdict_summary(1.2, 0.3, 2.0, 1.0, 1.03, 1.01))
+    assert [ok for _, ok, _ in v] == [True, True, True, True]
+    v = bench.verdicts(_verdict_summary(5.9, 0.3, 7.0, 1.0, 1.07, 1.12))
+    assert [ok for _, ok, _ in v] == [False, False, False, False]
+    assert "nri +5.90 ms, anchor +0.30 ms (difference 5.60 ms)" in v[0][2]
+    assert "(7.00 x)" in v[1][2]
+    assert v[3][2] == "missed: 1.120 x"
+    # no anchor arm: its two targets are not measured, the pod start ones still are
+    s = _verdict_summary(1.0, 0.0, 1.0, 1.0, 1.0, 1.0)
+    del s["intervals"]["CreateContainer"]["anchor"], s["plugin_cpu"]["anchor"]
+    assert [ok for _, ok, _ in bench.verdicts(s)] == [None, None, True, True]
+
+
+def test_the_anchor_is_found_by_environment_or_beside_the_repository(tmp_path):
+    repo = tmp_path / "main"
+    repo.mkdir()
+    path, why = bench.anchor_binary(str(repo), env={})
+    assert path is None and "shared/nri-anchor/nri-anchor" in why and bench.ANCHOR_ENV in why
+    binary = tmp_path / "shared" / "nri-anchor" / "nri-anchor"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    assert bench.anchor_binary(str(repo), env={})[0] is None      # not executable
+    binary.chmod(0o755)
+    assert bench.anchor_binary(str(repo), env={})[0] == str(binary)
+    other = tmp_path / "elsewhere"
+    other.write_text("#!/bin/sh\n")
+    other.chmod(0o755)
+    assert bench.anchor_binary(str(repo), env={bench.ANCHOR_ENV: str(other)})[0] == str(other)
+
+
+def test_the_anchor_is_started_with_the_benchmarks_namespace_and_cpus():
+    argv = bench.Anchor("/bin/anchor", "/run/x/nri.sock", "/tmp/log").argv()
+    assert argv[:3] == ["/bin/anchor", "-socket", "/run/x/nri.sock"]
+    assert argv[argv.index("-namespace") + 1] == bench.NS and argv[argv.index("-cpus") + 1] == "0,1"
+    assert "-mems=" in argv   # memory pinning off, as the daemons'
+
+
+def test_pooled_load_averages_the_repeats():
+    loads = [{"busy": 50.0, "other": 20.0, "steal": 0.0}, {"busy": 70.0, "other": 40.0, "steal": 2.0}]
+    assert bench.pooled_load(loads) == {"busy": 60.0, "other": 30.0, "steal": 1.0}
+    assert bench.pooled_load([]) == {}
