@@ -55,6 +55,23 @@ class Pinner(Hook):
         self.seen.append(("post", call.method, call.pod.name if call.pod is not None else None))
 
 
+class Driven:
+    """The front-end as the test's thread drives it: its event coroutines run on its loop
+    (where the NRI session runs them) and are waited for; anything else is the front-end's."""
+
+    def __init__(self, fe: NriFrontEnd) -> None:
+        object.__setattr__(self, "fe", fe)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.fe, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+        return lambda *args: asyncio.run_coroutine_threadsafe(attr(*args), self.fe.loop).result(30)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.fe, name, value)
+
+
 @pytest.fixture
 def running() -> Iterator[Tuple[NriFrontEnd, Interceptor, Pinner]]:
     loop = asyncio.new_event_loop()
@@ -64,7 +81,7 @@ def running() -> Iterator[Tuple[NriFrontEnd, Interceptor, Pinner]]:
     config = HooksConfig(per_hook={"numa": HookSettings(budget_seconds=1.0, failure_policy="fail")})
     ic = Interceptor([hook], config, Store())
     try:
-        yield NriFrontEnd(ic, loop, timeout=5.0), ic, hook
+        yield Driven(NriFrontEnd(ic, loop, timeout=5.0)), ic, hook
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
