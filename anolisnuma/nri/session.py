@@ -69,7 +69,6 @@ caller ever waits on the socket.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import socket
 import threading
@@ -198,7 +197,7 @@ class NriSession(asyncio.Protocol):
     def start(self) -> None:
         """Hand the socket to the loop (once). From a thread, returns once the loop reads
         it (SessionClosed if the loop cannot take it within ``ATTACH_TIMEOUT``, or is
-        closed); on the loop's thread, the loop takes it next (:meth:`attach` awaits it)."""
+        closed); on the loop's thread, the loop takes it on its next turn."""
         with self._state_lock:
             if self._started or self._closed.is_set():
                 return
@@ -207,18 +206,11 @@ class NriSession(asyncio.Protocol):
             self._loop.create_task(self._attach())
             return
         try:
-            asyncio.run_coroutine_threadsafe(self._attach(), self._loop).result(ATTACH_TIMEOUT)
-        except (RuntimeError, concurrent.futures.TimeoutError) as e:   # the loop is closed, or stuck
+            self._from_thread(self._attach(), ATTACH_TIMEOUT)
+        except TimeoutError:   # the loop is stuck: it reads the socket when it can, or not at all
             self.close()
-            raise SessionClosed(f"the event loop did not take the connection: {e or type(e).__name__}") from None
-
-    async def attach(self) -> None:
-        """:meth:`start` on the loop, awaited: the socket is read once this returns."""
-        with self._state_lock:
-            if self._started or self._closed.is_set():
-                return
-            self._started = True
-        await self._attach()
+            raise SessionClosed(f"the event loop did not take the connection within {ATTACH_TIMEOUT:g}s") \
+                from None
 
     async def _attach(self) -> None:
         if self._closed.is_set():
@@ -327,6 +319,8 @@ class NriSession(asyncio.Protocol):
                 return
             self._counters["frames"] += len(batch)
             for conn_id, payload in batch:
+                if self._closed.is_set():   # (ended by a frame of this batch: nothing more is run)
+                    return
                 if conn_id == fr.PLUGIN_SERVICE_CONN:
                     for item in self._requests.feed(payload):
                         self._on_request(item)
@@ -540,27 +534,38 @@ class NriSession(asyncio.Protocol):
         that resolves the call."""
         if self._on_loop():
             raise RuntimeError("NriSession.call on the event loop's thread would block it: await acall")
+        # acall times out first, on the loop, where it also forgets the stream (a late
+        # answer is then counted as one); this wait only outlasts a loop that is starved
+        try:
+            return self._from_thread(self.acall(method, request, response_cls, timeout), timeout + CALL_GRACE)
+        except TimeoutError:
+            raise TimeoutError(f"{method}: no response within {timeout:g}s") from None
+
+    def _from_thread(self, coro: Any, timeout: float) -> Any:
+        """What ``coro`` returns (or raises), run on the loop and waited for from another
+        thread: SessionClosed as soon as the session ends (even while the loop is busy, as
+        in the daemon's stop, which closes the session and then waits for our thread) or
+        when the loop is closed; TimeoutError after ``timeout`` seconds."""
         done = threading.Event()
         with self._state_lock:
             if self._closed.is_set():
+                coro.close()
                 raise SessionClosed(self.reason)
             self._waiters.add(done)
         try:
             try:
-                fut = asyncio.run_coroutine_threadsafe(self.acall(method, request, response_cls, timeout),
-                                                       self._loop)
+                fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
             except RuntimeError as e:   # the loop is closed
+                coro.close()
                 raise SessionClosed(f"the event loop is closed ({e})") from None
             fut.add_done_callback(lambda _f: done.set())
-            # acall times out first, on the loop, where it also forgets the stream (a late
-            # answer is then counted as one); this wait only outlasts a loop that is starved
-            done.wait(timeout + CALL_GRACE)
+            done.wait(timeout)
             if fut.done():
                 return fut.result()
             fut.cancel()
             if self._closed.is_set():   # (the loop has not run since: it may be waiting for us)
                 raise SessionClosed(self.reason)
-            raise TimeoutError(f"{method}: no response within {timeout:g}s")
+            raise TimeoutError(f"no answer within {timeout:g}s")
         finally:
             with self._state_lock:
                 self._waiters.discard(done)
