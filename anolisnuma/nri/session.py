@@ -128,10 +128,7 @@ class SessionClosed(Exception):
 
 
 def _status_name(code: int) -> str:
-    for name, number in STATUS_CODES.items():
-        if number == code:
-            return name
-    return f"code {code}"
+    return next((name for name, number in STATUS_CODES.items() if number == code), f"code {code}")
 
 
 class NriSession(asyncio.Protocol):
@@ -380,13 +377,16 @@ class NriSession(asyncio.Protocol):
         """Count ``counter`` and answer stream ``sid`` INTERNAL for a request that failed
         here (``error``: the exception's type), then log one line and call ``on_failure``."""
         self._counters[counter] += 1
+        try:   # counted before the answer (whoever reads the answer sees the count), but
+            if self._on_failure is not None:   # out of memory this may fail: the answer must not
+                self._on_failure()
+        except Exception:
+            pass
         self._answer(sid, INTERNAL, f"plugin failed to {'handle ' + method if method else 'read the request'} "
                                     f"({error})")
-        # answered first, logged and counted after: out of memory, these may fail too
+        # answered first, logged after: out of memory, the line may fail too
         try:
             self._log.error(what, method=method or None, stream_id=sid, error=error)
-            if self._on_failure is not None:
-                self._on_failure()
         except Exception:
             pass
 
@@ -507,14 +507,15 @@ class NriSession(asyncio.Protocol):
         data = envelope.SerializeToString()
         if len(data) > fr.MAX_MESSAGE:
             raise NriRequestError(RESOURCE_EXHAUSTED, f"request of {len(data)} bytes exceeds {fr.MAX_MESSAGE}")
-        if self._closed.is_set() or self._transport is None:
-            raise SessionClosed(self.reason or "not started")
+        if self._closed.is_set() or self._transport is None or self._next_stream > _MAX_STREAM_ID:
+            raise SessionClosed(self.reason or ("not started" if self._transport is None else "stream ids exhausted"))
         sid = self._next_stream
-        if sid > _MAX_STREAM_ID:
-            raise SessionClosed("stream ids exhausted")
         # (the loop is one thread: ids are allocated and written in increasing order)
         self._next_stream += 2
         call: "asyncio.Future[Any]" = self._loop.create_future()
+        # (its SessionClosed may find no waiter, one cancelled meanwhile: read, never reported
+        # at collection, where asyncio's report would format a traceback inside any code)
+        call.add_done_callback(_retrieve)
         self._calls[sid] = call
         self._counters["calls"] += 1
         self._write(fr.message_frames(fr.RUNTIME_SERVICE_CONN, sid, fr.REQUEST, 0, data))
@@ -562,9 +563,9 @@ class NriSession(asyncio.Protocol):
             done.wait(timeout)
             if fut.done():
                 return fut.result()
+            if self._closed.is_set():   # (the loop has not run since: it may be waiting for us;
+                raise SessionClosed(self.reason)   # the call ends there with SessionClosed too)
             fut.cancel()
-            if self._closed.is_set():   # (the loop has not run since: it may be waiting for us)
-                raise SessionClosed(self.reason)
             raise TimeoutError(f"no answer within {timeout:g}s")
         finally:
             with self._state_lock:
@@ -585,6 +586,11 @@ class NriSession(asyncio.Protocol):
         except DecodeError:
             raise NriRequestError(INTERNAL, f"{method}: unparseable {response_cls.__name__}") from None
         return out
+
+
+def _retrieve(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 __all__ = ["Handler", "NriRequestError", "NriSession", "PLUGIN_METHODS", "PLUGIN_SERVICE", "RUNTIME_SERVICE",

@@ -23,10 +23,25 @@ class LoopThread:
 
     def run(self, coro: Awaitable[Any], timeout: Optional[float] = None) -> Any:
         """What ``coro`` returns (or raises), run on the loop; waits at most ``timeout``."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout or self.timeout)  # type: ignore[arg-type]
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return fut.result(timeout or self.timeout)
 
     def __exit__(self, *exc: Any) -> None:
+        # as asyncio.run ends: what still runs is cancelled and finished, transports closed,
+        # so that nothing is left for the garbage collector to report at a random moment
+        try:
+            self.run(_finish_tasks())
+        except Exception:
+            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(self.timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _finish_tasks() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.sleep(0)   # (a transport aborted meanwhile closes its socket on the next turn)

@@ -485,3 +485,51 @@ def test_a_request_one_byte_per_frame_and_one_byte_per_write(pair):
     # than a whole call (two messages, a thread hand-off, protobuf): never a rescan.
     assert elapsed < len(wire) * baseline, (elapsed, baseline, len(wire))
     assert not session.closed
+
+
+# ---- who runs what (issue 34: no thread between the socket and the handler) ---------------
+
+def test_requests_are_served_on_the_loop_and_calls_from_it_are_refused_not_deadlocked(pair, nri_loop):
+    # given a handler that notes the thread it runs on and tries a blocking call from there
+    rt, session, handler = pair()
+    seen = {}
+
+    async def ident() -> int:
+        return threading.get_ident()
+    loop_thread = asyncio.run_coroutine_threadsafe(ident(), nri_loop).result(30)
+
+    async def noting(method: str, payload: bytes) -> bytes:
+        seen["thread"] = threading.get_ident()
+        try:
+            session.call("UpdateContainers", api_pb2.UpdateContainersRequest(), api_pb2.UpdateContainersResponse, 1)
+        except RuntimeError as e:
+            seen["refused"] = str(e)
+        return api_pb2.ConfigureResponse(events=1).SerializeToString()
+    session._handler = noting
+    # when the runtime calls it
+    assert configure(rt).events == 1
+    # then it ran on the loop's own thread, and the blocking call was refused at once
+    assert seen["thread"] == loop_thread and "await acall" in seen["refused"]
+    assert not session.closed and session.counters["calls"] == 0
+
+
+def test_a_thread_in_call_is_woken_when_the_session_ends_while_the_loop_is_busy(pair, nri_loop):
+    # given a thread waiting in call() (the plugin's registration) for a runtime that does not answer
+    rt, session, _ = pair()
+    rt.answer_calls = False
+    t, out = pending_call(session)
+    wait_until(lambda: rt.requests, "the call at the runtime")
+    # when the loop closes the session and then waits for that thread, as the daemon's stop does
+    # (it stops the plugin on the loop: close, then join the plugin's thread)
+    joined = {}
+    done = threading.Event()
+
+    def stop_as_the_daemon_does() -> None:
+        session.close()
+        t.join(30)
+        joined["alive"] = t.is_alive()
+        done.set()
+    nri_loop.call_soon_threadsafe(stop_as_the_daemon_does)
+    # then the thread is told at once, without the loop's help, and the loop is not held up
+    assert done.wait(60)
+    assert joined["alive"] is False and isinstance(out["error"], SessionClosed)
