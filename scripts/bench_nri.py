@@ -613,7 +613,7 @@ def render(r: Dict[str, Any]) -> str:
     for a, h in s["hooks"].items():
         L.append(f"{a}: pre-hooks ran {h['pre_hook_calls']} times, {_f(h['pre_hook_ms_total'])} ms in all, "
                  f"{_f(h['pre_hook_ms_per_pod'], 2)} ms per pod start (mean); the daemon's CPU "
-                 f"{_f(h['daemon_cpu_ms_per_pod'], 2)} ms per pod start")
+                 f"{_f(h.get('daemon_cpu_ms_per_pod', float('nan')), 2)} ms per pod start")
     b = s["b_start_to_registered_s"]
     L.append(f"daemon B, start to registered (not timed): p50 {_f(b['p50'], 2)} s, max {_f(b['max'], 2)} s "
              f"over {b['n']} starts")
