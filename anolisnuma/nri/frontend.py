@@ -33,7 +33,7 @@ so an event crosses no thread but its hooks' executor hop (``Interceptor._run_ho
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import structlog
 
@@ -114,41 +114,44 @@ class NriFrontEnd:
     # ------------------------------------------------------------------ the pipeline
     async def _call(self, method: str, request: Any, reply: Any) -> Any:
         """Run one call through the pipeline within ``timeout``; the request as the
-        pre-hooks left it."""
-        run = asyncio.ensure_future(self._run(method, request, reply))
-        try:
-            # shielded: past the deadline the call still finishes (its hooks recorded what
-            # they did; the store must agree), only its answer is not waited for
-            edited, decision = await asyncio.wait_for(asyncio.shield(run), self.timeout)
-        except asyncio.TimeoutError:
-            # Not the hooks (their budgets fit, fit_to): the call waited for its pod's lock
-            # behind another, or the loop is starved. containerd is about to give up on us
-            # and close the connection; the call finishes on its own.
-            run.add_done_callback(_consume)
-            self.interceptor.counters.add("nri_events_past_deadline")
-            log.warning("NRI: an event took longer than containerd waits", method=method,
-                        timeout_seconds=self.timeout)
-            raise NriRequestError(_DEADLINE_EXCEEDED, f"anolisnuma: {method} took more than {self.timeout:g}s") \
-                from None
-        if decision.status:
-            raise NriRequestError(decision.status, decision.message)
-        return edited
-
-    async def _run(self, method: str, request: Any, reply: Any) -> Tuple[Any, Decision]:
+        pre-hooks left it. No task of its own: a call no hook holds is decided at once, and
+        one whose hooks run is the pipeline's task, waited for here up to the deadline."""
         ic = self.interceptor
         pc = ic.begin_nri(method)
         outcome = ic.on_request(pc, grpcwire.frame_message(request.SerializeToString()))
-        decision = outcome if isinstance(outcome, Decision) else await outcome
+        if not isinstance(outcome, Decision):
+            done, _ = await asyncio.wait((outcome,), timeout=self.timeout)
+            if not done:
+                # Not the hooks (their budgets fit, fit_to): the call waited for its pod's
+                # lock behind another, or the loop is starved. containerd is about to give up
+                # on us and close the connection; the call still finishes on its own (its
+                # hooks recorded what they did: the store must agree), unanswered.
+                outcome.add_done_callback(lambda f: self._finish_late(pc, request, reply, f))
+                ic.counters.add("nri_events_past_deadline")
+                log.warning("NRI: an event took longer than containerd waits", method=method,
+                            timeout_seconds=self.timeout)
+                raise NriRequestError(_DEADLINE_EXCEEDED, f"anolisnuma: {method} took more than {self.timeout:g}s")
+            outcome = outcome.result()   # (what the pipeline raised, raised here: the plugin's to contain)
+        edited = self._finish(pc, outcome, request, reply)
+        if outcome.status:
+            raise NriRequestError(outcome.status, outcome.message)
+        return edited
+
+    def _finish(self, pc: Any, decision: Decision, request: Any, reply: Any) -> Any:
+        """The pipeline's end of a decided call (post-hooks, journal); the request as the
+        pre-hooks left it."""
+        ic = self.interceptor
         if decision.status:
             ic.on_reply(pc, None, decision.status, decision.message, answered_by_proxy=True)
-            return request, decision
+            return request
         edited = pc.call.request if pc.call is not None else request
         ic.on_reply(pc, grpcwire.frame_message(reply.SerializeToString()), 0, "")
-        return edited, decision
+        return edited
 
-
-def _consume(fut: "asyncio.Future[Any]") -> None:
-    # the outcome of a call answered past its deadline is the pipeline's (logged, journaled):
-    # read here only so that asyncio does not report it as never retrieved
-    if not fut.cancelled():
-        fut.exception()
+    def _finish_late(self, pc: Any, request: Any, reply: Any, outcome: "asyncio.Future[Decision]") -> None:
+        if outcome.cancelled() or outcome.exception() is not None:
+            return   # (the pipeline logged it; nobody waits for the answer any more)
+        try:
+            self._finish(pc, outcome.result(), request, reply)
+        except Exception as e:   # a callback's error would only reach asyncio's handler
+            log.error("NRI: finishing an event answered past its deadline failed", error=repr(e)[:300])

@@ -1,14 +1,11 @@
 """The plugin's side of one NRI connection, owned by the daemon's event loop.
 
-**Who runs what.** The session is an :class:`asyncio.Protocol` on the loop that runs the
-interception pipeline: the loop reads the socket, decodes the mux and ttrpc frames
-(:mod:`anolisnuma.nri.frames`), runs each admitted request as a task (the handler is a
-coroutine: for an event, the pipeline itself, whose hooks leave the loop once, for the
-hooks' executor) and writes the answer. No thread stands between the socket and the
-pipeline: an event costs no hand-off but the hooks' own. The runtime's side of a call
-(``RegisterPlugin``, ``UpdateContainers``) is a future that the loop's reader resolves:
-:meth:`NriSession.acall` on the loop, :meth:`NriSession.call` from a thread (the re-pinner,
-the plugin's connection loop), which waits with a timeout and never on the loop's thread.
+**Who runs what.** The daemon's event loop, the pipeline's: it reads the socket (an
+:class:`asyncio.BufferedProtocol`), decodes the frames, runs each admitted request as a task
+(the handler is a coroutine; an event's hooks leave the loop once, for their executor) and
+writes the answer. Calls to the runtime (``RegisterPlugin``, ``UpdateContainers``) are
+futures the loop's reader resolves: :meth:`NriSession.acall` on the loop,
+:meth:`NriSession.call` from another thread, with a timeout.
 
 **The protocol** (containerd/nri v0.11.0 ``pkg/stub/stub.go``, ``pkg/adaptation/plugin.go``;
 containerd v2.2.7 vendors it, with ttrpc v1.2.7). The plugin connects to the runtime's
@@ -50,10 +47,10 @@ RESOURCE_EXHAUSTED; an unparseable Request, an even or reused stream id:
 INVALID_ARGUMENT; another service, or a method not in :data:`PLUGIN_METHODS`:
 UNIMPLEMENTED, without calling the handler) and the session carries on; a request that
 cannot be read for another reason (out of memory, nested too deep) and a handler that
-raises are answered INTERNAL, that request alone, in one log line. Data
-messages, requests on the client connection and responses on the server connection are
-ignored and counted: no NRI method streams, and an error answer to a stream nobody opened
-would only give a hostile peer an amplifier. A response to no pending call (one that timed
+raises are answered INTERNAL, that request alone, in one log line. Data messages, requests
+on the client connection and responses on the server connection are ignored and counted:
+no NRI method streams, and an error answer to a stream nobody opened would only give a
+hostile peer an amplifier. A response to no pending call (one that timed
 out, or a made-up stream id) is ignored and counted.
 
 **Bounds.** Memory: one partial mux frame and one partial ttrpc message per connection
@@ -99,6 +96,8 @@ UNIMPLEMENTED = STATUS_CODES["UNIMPLEMENTED"]
 INTERNAL = STATUS_CODES["INTERNAL"]
 
 WRITE_TIMEOUT = 10.0
+# one read's buffer, reused (asyncio's own reads allocate 256 KiB each: a fresh mmap per event)
+READ_BYTES = 64 * 1024
 # how long a thread waits for the loop to take the socket (start) before it gives up
 ATTACH_TIMEOUT = 5.0
 # how much longer than its timeout a thread waits for a call the loop did not time out
@@ -131,7 +130,7 @@ def _status_name(code: int) -> str:
     return next((name for name, number in STATUS_CODES.items() if number == code), f"code {code}")
 
 
-class NriSession(asyncio.Protocol):
+class NriSession(asyncio.BufferedProtocol):
     """One plugin connection, served on ``loop``. ``handler(method, payload)`` answers the
     runtime's calls of ``nri.pkg.api.v1alpha1.Plugin`` on the loop (method: one of
     :data:`PLUGIN_METHODS`; payload: the method's serialized request; result: its
@@ -157,6 +156,7 @@ class NriSession(asyncio.Protocol):
         self._requests = fr.TtrpcDecoder(max_message)    # connection 1: we serve
         self._responses = fr.TtrpcDecoder(max_message)   # connection 2: we call
         self._transport: Optional[asyncio.Transport] = None
+        self._rbuf = memoryview(bytearray(READ_BYTES))
         # Everything below is the loop's; only start and close look at _started from a
         # thread, under this lock, before the loop has the socket.
         self._state_lock = threading.Lock()
@@ -206,8 +206,7 @@ class NriSession(asyncio.Protocol):
             self._from_thread(self._attach(), ATTACH_TIMEOUT)
         except TimeoutError:   # the loop is stuck: it reads the socket when it can, or not at all
             self.close()
-            raise SessionClosed(f"the event loop did not take the connection within {ATTACH_TIMEOUT:g}s") \
-                from None
+            raise SessionClosed(f"the event loop did not take the socket in {ATTACH_TIMEOUT:g}s") from None
 
     async def _attach(self) -> None:
         if self._closed.is_set():
@@ -255,10 +254,7 @@ class NriSession(asyncio.Protocol):
         return dict(self._counters)
 
     def _on_loop(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            return False
+        return asyncio._get_running_loop() is self._loop   # (None off any loop's thread)
 
     def _shutdown(self, reason: str) -> None:
         """On the loop (or before it ever had the socket): end the session for ``reason``."""
@@ -298,12 +294,19 @@ class NriSession(asyncio.Protocol):
             transport.abort()  # type: ignore[attr-defined]
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        self._shutdown(f"read failed: {exc}" if exc is not None else "peer closed")
+        # (asyncio tells a failed read and a failed write alike: the error names which)
+        self._shutdown(f"connection failed: {exc}" if exc is not None else "peer closed")
 
     def eof_received(self) -> Optional[bool]:
         buffered = self._mux.buffered or self._requests.buffered or self._responses.buffered
         self._shutdown("peer closed mid-frame" if buffered else "peer closed")
         return None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._rbuf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self._rbuf[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         if self._closed.is_set():
@@ -343,7 +346,7 @@ class NriSession(asyncio.Protocol):
             self._transport.resume_reading()
 
     def _sent(self) -> int:
-        return self._written - (self._transport.get_write_buffer_size() if self._transport is not None else 0)
+        return self._written - (self._transport.get_write_buffer_size() if self._transport else 0)
 
     def _arm_stall(self) -> None:
         self._stall_sent = self._sent()
