@@ -22,6 +22,7 @@ from anolisnuma.pipeline.hooks import (
 )
 from anolisnuma.pipeline.interceptor import Interceptor
 from anolisnuma.state.store import Store
+from anolisnuma.testing.loop_thread import LoopThread
 from nri_proto import api_pb2 as nri
 
 
@@ -74,17 +75,14 @@ class Driven:
 
 @pytest.fixture
 def running() -> Iterator[Tuple[NriFrontEnd, Interceptor, Pinner]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     hook = Pinner()
     config = HooksConfig(per_hook={"numa": HookSettings(budget_seconds=1.0, failure_policy="fail")})
     ic = Interceptor([hook], config, Store())
     try:
-        yield Driven(NriFrontEnd(ic, loop, timeout=5.0)), ic, hook
+        # (its tasks, a post-hook still running, finished before it stops: nothing left to GC)
+        with LoopThread() as lt:
+            yield Driven(NriFrontEnd(ic, lt.loop, timeout=5.0)), ic, hook
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
         ic.executor.shutdown(wait=False)
 
 

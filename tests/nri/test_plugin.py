@@ -387,32 +387,27 @@ def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path, nri
 def real_front_end(tmp_path) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, List[int]]]:
     """The plugin with the real front-end (the interception pipeline on its own loop, no
     hooks), registered with the fake runtime; ``synced`` counts the resyncs asked."""
-    import asyncio
-
     from anolisnuma.config import HooksConfig
     from anolisnuma.nri.frontend import NriFrontEnd
     from anolisnuma.pipeline.interceptor import Interceptor
     from anolisnuma.state.store import Store
+    from anolisnuma.testing.loop_thread import LoopThread
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     ic = Interceptor([], HooksConfig(), Store())
     runtime = FakeNriRuntime(str(tmp_path / "nri.sock")).start()
     synced: List[int] = []
-    plugin = NriPlugin(NriConfig(enabled=True, socket=runtime.path, reconnect_max_seconds=0.5),
-                       NriFrontEnd(ic, loop, timeout=5.0), on_synchronize=lambda: synced.append(1))
-    plugin.start()
-    plugin.wake()
-    try:
-        assert runtime.registered.wait(10)
-        yield runtime, plugin, synced
-    finally:
-        plugin.stop()
-        runtime.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        ic.executor.shutdown(wait=False)
+    with LoopThread() as lt:
+        plugin = NriPlugin(NriConfig(enabled=True, socket=runtime.path, reconnect_max_seconds=0.5),
+                           NriFrontEnd(ic, lt.loop, timeout=5.0), on_synchronize=lambda: synced.append(1))
+        plugin.start()
+        plugin.wake()
+        try:
+            assert runtime.registered.wait(10)
+            yield runtime, plugin, synced
+        finally:
+            plugin.stop()
+            runtime.close()
+    ic.executor.shutdown(wait=False)
 
 
 def create(runtime: FakeNriRuntime, cid: str, shares: int = 0) -> Any:
