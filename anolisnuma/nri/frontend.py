@@ -25,15 +25,15 @@ A refusal (a pre-hook under ``failure_policy = "fail"``) is raised as
 :class:`~anolisnuma.nri.session.NriRequestError` with the call's gRPC code: containerd then
 fails the CRI call that caused the event, as it would have failed through the proxy.
 
-The interceptor lives on the daemon's event loop; NRI requests arrive on the session's
-worker threads, which hand each call to the loop and wait for it.
+The interceptor lives on the daemon's event loop, and so does the NRI session
+(``session.py``): each event method is a coroutine the session's task awaits on that loop,
+so an event crosses no thread but its hooks' executor hop (``Interceptor._run_hook``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import structlog
 
@@ -75,65 +75,83 @@ class NriFrontEnd:
                      budget_seconds=round(self.interceptor.nri_hook_budget, 3), configured=over)
 
     # ------------------------------------------------------------------ events
-    def run_pod_sandbox(self, pod: Any) -> None:
-        self._call(H.RUN_POD_SANDBOX, *translate.run_pod_sandbox(pod))
+    # (coroutines, on the loop; each raises NriRequestError for a refusal or an overrun)
+    async def run_pod_sandbox(self, pod: Any) -> None:
+        await self._call(H.RUN_POD_SANDBOX, *translate.run_pod_sandbox(pod))
 
-    def create_container(self, pod: Any, ctr: Any) -> Any:
+    async def create_container(self, pod: Any, ctr: Any) -> Any:
         """The ``ContainerAdjustment`` for a container about to be created."""
         req, reply = translate.create_container(pod, ctr)
-        edited = self._call(H.CREATE_CONTAINER, req, reply)
+        edited = await self._call(H.CREATE_CONTAINER, req, reply)
         return translate.adjustment(req, edited)
 
-    def start_container(self, ctr: Any) -> None:
-        self._call(H.START_CONTAINER, cri.StartContainerRequest(container_id=ctr.id),
-                   cri.StartContainerResponse())
+    async def start_container(self, ctr: Any) -> None:
+        await self._call(H.START_CONTAINER, cri.StartContainerRequest(container_id=ctr.id),
+                         cri.StartContainerResponse())
 
-    def update_container(self, ctr: Any, resources: Any) -> Optional[Any]:
+    async def update_container(self, ctr: Any, resources: Any) -> Optional[Any]:
         """The ``ContainerUpdate`` for a container being updated, or None."""
         req = translate.update_container(ctr, resources)
-        edited = self._call(H.UPDATE_CONTAINER_RESOURCES, req, cri.UpdateContainerResourcesResponse())
+        edited = await self._call(H.UPDATE_CONTAINER_RESOURCES, req, cri.UpdateContainerResourcesResponse())
         return translate.container_update(ctr.id, req, edited)
 
-    def stop_container(self, ctr: Any) -> None:
-        self._call(H.STOP_CONTAINER, cri.StopContainerRequest(container_id=ctr.id), cri.StopContainerResponse())
+    async def stop_container(self, ctr: Any) -> None:
+        await self._call(H.STOP_CONTAINER, cri.StopContainerRequest(container_id=ctr.id),
+                         cri.StopContainerResponse())
 
-    def remove_container(self, ctr: Any) -> None:
-        self._call(H.REMOVE_CONTAINER, cri.RemoveContainerRequest(container_id=ctr.id),
-                   cri.RemoveContainerResponse())
+    async def remove_container(self, ctr: Any) -> None:
+        await self._call(H.REMOVE_CONTAINER, cri.RemoveContainerRequest(container_id=ctr.id),
+                         cri.RemoveContainerResponse())
 
-    def stop_pod_sandbox(self, pod: Any) -> None:
-        self._call(H.STOP_POD_SANDBOX, cri.StopPodSandboxRequest(pod_sandbox_id=pod.id), cri.StopPodSandboxResponse())
+    async def stop_pod_sandbox(self, pod: Any) -> None:
+        await self._call(H.STOP_POD_SANDBOX, cri.StopPodSandboxRequest(pod_sandbox_id=pod.id),
+                         cri.StopPodSandboxResponse())
 
-    def remove_pod_sandbox(self, pod: Any) -> None:
-        self._call(H.REMOVE_POD_SANDBOX, cri.RemovePodSandboxRequest(pod_sandbox_id=pod.id),
-                   cri.RemovePodSandboxResponse())
+    async def remove_pod_sandbox(self, pod: Any) -> None:
+        await self._call(H.REMOVE_POD_SANDBOX, cri.RemovePodSandboxRequest(pod_sandbox_id=pod.id),
+                         cri.RemovePodSandboxResponse())
 
     # ------------------------------------------------------------------ the pipeline
-    def _call(self, method: str, request: Any, reply: Any) -> Any:
-        """Run one call on the loop; the request as the pre-hooks left it."""
-        fut = asyncio.run_coroutine_threadsafe(self._run(method, request, reply), self.loop)
-        try:
-            edited, decision = fut.result(self.timeout)
-        except concurrent.futures.TimeoutError:   # (TimeoutError itself from 3.11 only)
-            # Not the hooks (their budgets fit, fit_to): the call waited for its pod's lock
-            # behind another, or the loop is starved. containerd is about to give up on us
-            # and close the connection; the call finishes on its own.
-            self.interceptor.counters.add("nri_events_past_deadline")
-            log.warning("NRI: an event took longer than containerd waits", method=method,
-                        timeout_seconds=self.timeout)
-            raise NriRequestError(_DEADLINE_EXCEEDED, f"anolisnuma: {method} took more than {self.timeout:g}s")
-        if decision.status:
-            raise NriRequestError(decision.status, decision.message)
-        return edited
-
-    async def _run(self, method: str, request: Any, reply: Any) -> Tuple[Any, Decision]:
+    async def _call(self, method: str, request: Any, reply: Any) -> Any:
+        """Run one call through the pipeline within ``timeout``; the request as the
+        pre-hooks left it. No task of its own: a call no hook holds is decided at once, and
+        one whose hooks run is the pipeline's task, waited for here up to the deadline."""
         ic = self.interceptor
         pc = ic.begin_nri(method)
         outcome = ic.on_request(pc, grpcwire.frame_message(request.SerializeToString()))
-        decision = outcome if isinstance(outcome, Decision) else await outcome
+        if not isinstance(outcome, Decision):
+            done, _ = await asyncio.wait((outcome,), timeout=self.timeout)
+            if not done:
+                # Not the hooks (their budgets fit, fit_to): the call waited for its pod's
+                # lock behind another, or the loop is starved. containerd is about to give up
+                # on us and close the connection; the call still finishes on its own (its
+                # hooks recorded what they did: the store must agree), unanswered.
+                outcome.add_done_callback(lambda f: self._finish_late(pc, request, reply, f))
+                ic.counters.add("nri_events_past_deadline")
+                log.warning("NRI: an event took longer than containerd waits", method=method,
+                            timeout_seconds=self.timeout)
+                raise NriRequestError(_DEADLINE_EXCEEDED, f"anolisnuma: {method} took more than {self.timeout:g}s")
+            outcome = outcome.result()   # (what the pipeline raised, raised here: the plugin's to contain)
+        edited = self._finish(pc, outcome, request, reply)
+        if outcome.status:
+            raise NriRequestError(outcome.status, outcome.message)
+        return edited
+
+    def _finish(self, pc: Any, decision: Decision, request: Any, reply: Any) -> Any:
+        """The pipeline's end of a decided call (post-hooks, journal); the request as the
+        pre-hooks left it."""
+        ic = self.interceptor
         if decision.status:
             ic.on_reply(pc, None, decision.status, decision.message, answered_by_proxy=True)
-            return request, decision
+            return request
         edited = pc.call.request if pc.call is not None else request
         ic.on_reply(pc, grpcwire.frame_message(reply.SerializeToString()), 0, "")
-        return edited, decision
+        return edited
+
+    def _finish_late(self, pc: Any, request: Any, reply: Any, outcome: "asyncio.Future[Decision]") -> None:
+        if outcome.cancelled() or outcome.exception() is not None:
+            return   # (the pipeline logged it; nobody waits for the answer any more)
+        try:
+            self._finish(pc, outcome.result(), request, reply)
+        except Exception as e:   # a callback's error would only reach asyncio's handler
+            log.error("NRI: finishing an event answered past its deadline failed", error=repr(e)[:300])

@@ -15,6 +15,11 @@ on our reconnect (``Synchronize``) finds: a managed pod's containers adopted unp
 pinned by the re-pinner, QoS knobs written by the reconciler. An error we return (a hook
 refused under ``failure_policy = "fail"``) fails the kubelet's call, as through the proxy.
 
+Who runs what: this loop's thread connects (``door.py``, blocking), hands the socket to
+the daemon's event loop, registers and waits for the connection to end; everything on the
+connection itself (reading, each request decoded, translated and run through the pipeline,
+its answer written) runs on the event loop (``session.py``), with no thread in between.
+
 Live moves (rules, traffic affinity, re-spread) leave through :meth:`update_container_resources`,
 which the re-pinner calls: NRI's ``UpdateContainers`` while registered (containerd's CRI
 ``UpdateContainerResources`` would come back to us as an UpdateContainer event and be read
@@ -29,6 +34,8 @@ listen there in containerd's place (``door.py``).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import random
 import threading
@@ -68,17 +75,20 @@ UPDATE_TIMEOUT = 5.0
 
 
 class NriPlugin(Controller):
-    """``NriPlugin(config, frontend, on_synchronize=None, fallback=None)``: ``config`` is
-    ``[nri]``; ``on_synchronize()`` is called after each full Synchronize (the daemon wakes
-    its resync); ``fallback`` is the CRI client live moves use while not registered."""
+    """``NriPlugin(config, frontend, on_synchronize=None, fallback=None, loop=None)``:
+    ``config`` is ``[nri]``; ``on_synchronize()`` is called (on the event loop) after each
+    full Synchronize (the daemon wakes its resync); ``fallback`` is the CRI client live
+    moves use while not registered; ``loop`` is the event loop that serves the connection
+    (the front-end's, ``frontend.loop``, when not given)."""
 
     name = "nri"
 
     def __init__(self, config: Any, frontend: Any, on_synchronize: Optional[Callable[[], None]] = None,
-                 fallback: Any = None) -> None:
+                 fallback: Any = None, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
         super().__init__()
         self.config = config
         self.frontend = frontend
+        self.loop = loop if loop is not None else frontend.loop
         self.on_synchronize = on_synchronize
         self.fallback = fallback
         self._session: Optional[NriSession] = None
@@ -132,15 +142,16 @@ class NriPlugin(Controller):
             self.n["connect_failures"] += 1
             self._back_off(f"cannot connect to {cfg.socket}: {e.strerror or e}")
             return
-        session = NriSession(sock, self._handle, log=log, on_failure=self._failed_in_session)
+        session = NriSession(sock, self._handle, loop=self.loop, log=log, on_failure=self._failed_in_session)
         self.n["connects"] += 1
         with self._lock:
             if self._stopping:
                 session.close()
                 return
             self._session = session
-        session.start()
         try:
+            session.start()   # the event loop reads it from here on
+            # (a future the loop's reader resolves; containerd's registration timeout is 5 s)
             session.call("RegisterPlugin", nri.RegisterPluginRequest(plugin_name=cfg.plugin_name,
                                                                      plugin_idx=cfg.plugin_index),
                          nri.Empty, timeout=REGISTRATION_TIMEOUT)
@@ -174,8 +185,8 @@ class NriPlugin(Controller):
         super().stop(timeout)
 
     # ------------------------------------------------------------------ containerd's requests
-    def _handle(self, method: str, payload: bytes) -> bytes:
-        """The session's handler: ``method``'s serialized answer to ``payload``, or
+    async def _handle(self, method: str, payload: bytes) -> bytes:
+        """The session's handler, on the event loop: ``method``'s serialized answer to ``payload``, or
         NriRequestError, its status the answer. Each request is handled alone: whatever its
         decoding, translation or handling raises (a bug, or an event that runs them out of
         memory, past an integer's range or too deep) is told in one log line and one count
@@ -197,7 +208,10 @@ class NriPlugin(Controller):
             failure = self._failed(method, e)
         else:
             try:
-                return fn(request).SerializeToString()
+                out = fn(request)
+                if inspect.isawaitable(out):
+                    out = await out
+                return out.SerializeToString()
             except NriRequestError:
                 raise
             except Exception as e:
@@ -265,27 +279,29 @@ class NriPlugin(Controller):
         log.info("NRI: the runtime is shutting the plugin down")
         return nri.Empty()
 
-    def _event(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _event(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, the front-end's, awaited when it is a coroutine (NriFrontEnd's are)."""
         self.n["events"] += 1
         try:
-            return fn(*args)
+            out = fn(*args)
+            return (await out) if inspect.isawaitable(out) else out
         except NriRequestError:
             self.n["events_refused"] += 1
             raise
 
-    def _create_container(self, req: Any) -> Any:
-        adjust = self._event(self.frontend.create_container, req.pod, req.container)
+    async def _create_container(self, req: Any) -> Any:
+        adjust = await self._event(self.frontend.create_container, req.pod, req.container)
         return nri.CreateContainerResponse(adjust=adjust)
 
-    def _update_container(self, req: Any) -> Any:
-        update = self._event(self.frontend.update_container, req.container, req.linux_resources)
+    async def _update_container(self, req: Any) -> Any:
+        update = await self._event(self.frontend.update_container, req.container, req.linux_resources)
         return nri.UpdateContainerResponse(update=[update] if update is not None else [])
 
-    def _stop_container(self, req: Any) -> Any:
-        self._event(self.frontend.stop_container, req.container)
+    async def _stop_container(self, req: Any) -> Any:
+        await self._event(self.frontend.stop_container, req.container)
         return nri.StopContainerResponse()
 
-    def _state_change(self, evt: Any) -> Any:
+    async def _state_change(self, evt: Any) -> Any:
         fe = self.frontend
         handler = {
             nri.RUN_POD_SANDBOX: lambda: fe.run_pod_sandbox(evt.pod),
@@ -295,13 +311,15 @@ class NriPlugin(Controller):
             nri.REMOVE_CONTAINER: lambda: fe.remove_container(evt.container),
         }.get(evt.event)
         if handler is not None:
-            self._event(handler)
+            await self._event(handler)
         return nri.Empty()
 
     # ------------------------------------------------------------------ live moves
     def update_container_resources(self, container_id: str, res: Any) -> None:
-        """The re-pinner's client call: a container's new cpuset (``res`` is CRI
-        ``LinuxContainerResources``; only its cpuset is sent)."""
+        """The re-pinner's client call, from its thread: a container's new cpuset (``res`` is
+        CRI ``LinuxContainerResources``; only its cpuset is sent). Through NRI, a call the
+        event loop's reader answers, waited for at most ``UPDATE_TIMEOUT``; raises what
+        :meth:`NriSession.call` raises, or RuntimeError when containerd failed the update."""
         session = self._session
         if session is None or session.closed:
             if self.fallback is None:

@@ -1,4 +1,11 @@
-"""The plugin's side of one NRI connection: blocking socket, a reader thread, a worker pool.
+"""The plugin's side of one NRI connection, owned by the daemon's event loop.
+
+**Who runs what.** The daemon's event loop, the pipeline's: it reads the socket (an
+:class:`asyncio.BufferedProtocol`), decodes the frames, runs each admitted request as a task
+(the handler is a coroutine; an event's hooks leave the loop once, for their executor) and
+writes the answer. Calls to the runtime (``RegisterPlugin``, ``UpdateContainers``) are
+futures the loop's reader resolves: :meth:`NriSession.acall` on the loop,
+:meth:`NriSession.call` from another thread, with a timeout.
 
 **The protocol** (containerd/nri v0.11.0 ``pkg/stub/stub.go``, ``pkg/adaptation/plugin.go``;
 containerd v2.2.7 vendors it, with ttrpc v1.2.7). The plugin connects to the runtime's
@@ -14,7 +21,7 @@ calls ``nri.pkg.api.v1alpha1.Runtime``. Then:
    the reply's ``events`` is the subscription, a bit mask with bit ``event - 1`` set per
    ``Event`` value. The runtime signals the registration before returning its reply, so
    Configure can arrive before the reply to RegisterPlugin: the plugin must serve while it
-   waits for that reply (this session does: the reader thread never waits on a call);
+   waits for that reply (this session does: its reader never waits on a call);
 3. the runtime calls ``Plugin.Synchronize`` with the existing pods and containers, split
    over several calls with ``more`` set when they do not fit in one 4 MiB message (the
    reply to a partial one must echo ``more`` and carry no updates, or the runtime drops
@@ -40,32 +47,35 @@ RESOURCE_EXHAUSTED; an unparseable Request, an even or reused stream id:
 INVALID_ARGUMENT; another service, or a method not in :data:`PLUGIN_METHODS`:
 UNIMPLEMENTED, without calling the handler) and the session carries on; a request that
 cannot be read for another reason (out of memory, nested too deep) and a handler that
-raises are answered INTERNAL, that request alone, in one log line. Data
-messages, requests on the client connection and responses on the server connection are
-ignored and counted: no NRI method streams, and an error answer to a stream nobody opened
-would only give a hostile peer an amplifier. A response to no pending call (one that timed
+raises are answered INTERNAL, that request alone, in one log line. Data messages, requests
+on the client connection and responses on the server connection are ignored and counted:
+no NRI method streams, and an error answer to a stream nobody opened would only give a
+hostile peer an amplifier. A response to no pending call (one that timed
 out, or a made-up stream id) is ignored and counted.
 
 **Bounds.** Memory: one partial mux frame and one partial ttrpc message per connection
 (:mod:`anolisnuma.nri.frames`), and at most ``max_inflight`` requests accepted and not yet
-answered (more are answered RESOURCE_EXHAUSTED without running the handler). Threads: the
-reader and ``workers`` handler threads, all started up front. A write that makes no
-progress for ``write_timeout`` seconds (a peer that stopped reading) closes the session,
-so no handler or caller waits on the socket longer than that.
+answered (more are answered RESOURCE_EXHAUSTED without running the handler). No thread of
+its own. Writes go to the transport's buffer; once it is above its high-water mark
+(``pause_writing``) the session stops reading the peer too, so that a peer that does not
+read our answers cannot make us queue more of them, and a write that makes no progress for
+``write_timeout`` seconds (a peer that stopped reading) closes the session; no handler or
+caller ever waits on the socket.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import socket
 import threading
-from typing import Any, Callable, Dict, Optional, Type
+from typing import Any, Awaitable, Callable, Dict, Optional, Set, Type, Union
 
 import structlog
 from google.protobuf.message import DecodeError, Message
 
 from anolisnuma.cri.grpcwire import STATUS_CODES
 from anolisnuma.nri import frames as fr
-from anolisnuma.workers import WorkerPool
 from nri_proto import ttrpc_pb2
 
 _LOG = structlog.get_logger("anolisnuma.nri")
@@ -85,13 +95,19 @@ RESOURCE_EXHAUSTED = STATUS_CODES["RESOURCE_EXHAUSTED"]
 UNIMPLEMENTED = STATUS_CODES["UNIMPLEMENTED"]
 INTERNAL = STATUS_CODES["INTERNAL"]
 
-READ_BYTES = 64 * 1024
 WRITE_TIMEOUT = 10.0
+# one read's buffer, reused (asyncio's own reads allocate 256 KiB each: a fresh mmap per event)
+READ_BYTES = 64 * 1024
+# how long a thread waits for the loop to take the socket (start) before it gives up
+ATTACH_TIMEOUT = 5.0
+# how much longer than its timeout a thread waits for a call the loop did not time out
+CALL_GRACE = 1.0
 # Strings from the peer that go into an answer or a log line are cut to this length.
 _ECHO = 120
 _MAX_STREAM_ID = 0xFFFFFFFF
 
-Handler = Callable[[str, bytes], bytes]
+# (method, payload) -> the serialized answer, or an awaitable of it (run on the loop)
+Handler = Callable[[str, bytes], Union[bytes, Awaitable[bytes]]]
 
 COUNTERS = ("frames", "requests", "served", "errors_sent", "handler_failures", "request_failures", "oversized",
             "rejected_inflight", "unknown_stream", "ignored", "calls")
@@ -111,62 +127,59 @@ class SessionClosed(Exception):
 
 
 def _status_name(code: int) -> str:
-    for name, number in STATUS_CODES.items():
-        if number == code:
-            return name
-    return f"code {code}"
+    return next((name for name, number in STATUS_CODES.items() if number == code), f"code {code}")
 
 
-class _Pending:
-    __slots__ = ("done", "response", "error")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.response: Optional[Any] = None
-        self.error: Optional[BaseException] = None
-
-
-class NriSession:
-    """One plugin connection. ``handler(method, payload)`` answers the runtime's calls of
-    ``nri.pkg.api.v1alpha1.Plugin`` on a worker thread (method: one of
+class NriSession(asyncio.BufferedProtocol):
+    """One plugin connection, served on ``loop``. ``handler(method, payload)`` answers the
+    runtime's calls of ``nri.pkg.api.v1alpha1.Plugin`` on the loop (method: one of
     :data:`PLUGIN_METHODS`; payload: the method's serialized request; result: its
-    serialized response; :class:`NriRequestError` for an error status). ``log`` is a
-    structlog-style logger (key-value arguments); ``on_failure()`` is called for each
-    request that failed here rather than in the handler (one that could not even be read,
-    or a handler that raised): answered INTERNAL, the session goes on. Nothing is read
-    before :meth:`start`."""
+    serialized response, or a coroutine of it; :class:`NriRequestError` for an error
+    status); a handler must not block the loop (what may block goes to an executor, as the
+    pipeline's hooks do). ``log`` is a structlog-style logger (key-value arguments);
+    ``on_failure()`` is called for each request that failed here rather than in the handler
+    (one that could not even be read, or a handler that raised): answered INTERNAL, the
+    session goes on. Nothing is read before :meth:`start`."""
 
-    def __init__(self, sock: socket.socket, handler: Handler, *, log: Any = None,
-                 max_message: int = fr.MAX_MESSAGE, workers: int = 4, max_inflight: int = 64,
-                 write_timeout: float = WRITE_TIMEOUT, on_failure: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, sock: socket.socket, handler: Handler, *, loop: asyncio.AbstractEventLoop, log: Any = None,
+                 max_message: int = fr.MAX_MESSAGE, max_inflight: int = 64, write_timeout: float = WRITE_TIMEOUT,
+                 on_failure: Optional[Callable[[], None]] = None) -> None:
         self._sock = sock
+        self._loop = loop
         self._handler = handler
         self._log = log if log is not None else _LOG
         self._on_failure = on_failure
         self.max_message = max_message
         self.max_inflight = max_inflight
-        # One timeout for both directions: a read that times out is simply retried, a
-        # write that does ends the session (its frame is half written).
-        sock.settimeout(write_timeout)
+        self.write_timeout = write_timeout
         self._mux = fr.MuxDecoder()
         self._requests = fr.TtrpcDecoder(max_message)    # connection 1: we serve
         self._responses = fr.TtrpcDecoder(max_message)   # connection 2: we call
-        self._pool = WorkerPool(workers, "nri_handler")
-        self._write_lock = threading.Lock()
-        self._lock = threading.Lock()            # state below
-        self._calls: Dict[int, _Pending] = {}
+        self._transport: Optional[asyncio.Transport] = None
+        self._rbuf = memoryview(bytearray(READ_BYTES))
+        # Everything below is the loop's; only start and close look at _started from a
+        # thread, under this lock, before the loop has the socket.
+        self._state_lock = threading.Lock()
+        self._started = False
+        self._attaching = False
+        self._calls: Dict[int, "asyncio.Future[Any]"] = {}
+        self._tasks: Set["asyncio.Task[None]"] = set()   # requests being served (kept referenced)
         self._next_stream = 1
         self._last_request = 0
         self._inflight = 0
         self._counters = dict.fromkeys(COUNTERS, 0)
+        self._written = 0                         # bytes handed to the transport, ever
+        self._stall: Optional[asyncio.TimerHandle] = None
+        self._stall_sent = 0
         self._closed = threading.Event()
-        self._finished = threading.Event()       # the reader has let go of the socket
-        self._reader: Optional[threading.Thread] = None
+        self._finished = threading.Event()        # the loop has let go of the socket
+        self._waiters: Set[threading.Event] = set()   # threads in call(), woken when the session ends
         self.reason = ""
 
     @classmethod
     def connect(cls, path: str, handler: Handler, *, timeout: float = 5.0, **kw: Any) -> "NriSession":
-        """A session on a new connection to the runtime's socket at ``path`` (not started)."""
+        """A session on a new connection to the runtime's socket at ``path`` (not started;
+        ``loop`` and the options as for the constructor)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(timeout)
@@ -179,101 +192,176 @@ class NriSession:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the reader thread (once)."""
-        with self._lock:
-            if self._reader is not None or self._closed.is_set():
+        """Hand the socket to the loop (once). From a thread, returns once the loop reads
+        it (SessionClosed if the loop cannot take it within ``ATTACH_TIMEOUT``, or is
+        closed); on the loop's thread, the loop takes it on its next turn."""
+        with self._state_lock:
+            if self._started or self._closed.is_set():
                 return
-            self._reader = threading.Thread(target=self._read_loop, name="nri_reader", daemon=True)
-        self._reader.start()
+            self._started = True
+        if self._on_loop():
+            self._loop.create_task(self._attach())
+            return
+        try:
+            self._from_thread(self._attach(), ATTACH_TIMEOUT)
+        except TimeoutError:   # the loop is stuck: it reads the socket when it can, or not at all
+            self.close()
+            raise SessionClosed(f"the event loop did not take the socket in {ATTACH_TIMEOUT:g}s") from None
+
+    async def _attach(self) -> None:
+        if self._closed.is_set():
+            return
+        self._attaching = True   # (the socket is the loop's to close from here on)
+        try:
+            await self._loop.create_unix_connection(lambda: self, sock=self._sock)
+        except Exception as e:
+            self._attaching = False
+            self._shutdown(f"cannot serve the connection: {e or type(e).__name__}")
+            if self._transport is None:   # (closed while the loop was taking it)
+                self._sock.close()
+            return
+        self._attaching = False
 
     @property
     def closed(self) -> bool:
         return self._closed.is_set()
 
     def wait_closed(self, timeout: Optional[float] = None) -> bool:
-        """Whether the session closed (and its reader let go of the socket) within ``timeout``."""
+        """Whether the session closed (and the loop let go of the socket) within ``timeout``."""
         return self._finished.wait(timeout)
 
     def close(self) -> None:
-        """End the session; pending and later calls raise SessionClosed. Idempotent."""
+        """End the session; pending and later calls raise SessionClosed. Idempotent, from
+        any thread: off the loop it returns once the loop has done it (or after
+        ``ATTACH_TIMEOUT`` when the loop is stuck: then it is done when the loop next runs)."""
+        if self._on_loop():
+            self._shutdown("closed by us")
+            return
+        with self._state_lock:
+            started = self._started
+        if started:
+            try:
+                self._loop.call_soon_threadsafe(self._shutdown, "closed by us")
+            except RuntimeError:   # the loop is closed: nothing on it uses the socket any more
+                self._shutdown("closed by us")
+                return
+            self._finished.wait(ATTACH_TIMEOUT)
+            return
         self._shutdown("closed by us")
 
     @property
     def counters(self) -> Dict[str, int]:
-        with self._lock:
-            return dict(self._counters)
+        return dict(self._counters)
 
-    def _count(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            self._counters[name] += n
+    def _on_loop(self) -> bool:
+        return asyncio._get_running_loop() is self._loop   # (None off any loop's thread)
 
     def _shutdown(self, reason: str) -> None:
-        with self._lock:
+        """On the loop (or before it ever had the socket): end the session for ``reason``."""
+        with self._state_lock:
             if self._closed.is_set():
                 return
             self.reason = reason
             self._closed.set()
-            pending = list(self._calls.values())
-            self._calls.clear()
-            reader = self._reader
+            waiters = list(self._waiters)
+        for waiter in waiters:   # (a thread in call() must not wait for the loop to tell it)
+            waiter.set()
+        pending = list(self._calls.values())
+        self._calls.clear()
         for call in pending:
-            call.error = SessionClosed(reason)
-            call.done.set()
+            if not call.done():
+                call.set_exception(SessionClosed(reason))
         if reason == "closed by us":
             self._log.info("nri session closed", reason=reason)
         else:
             self._log.warning("nri session closed", reason=reason)
-        try:
-            # Wakes the reader (recv returns b"") and any blocked sendall; the reader
-            # closes the descriptor, so that no thread is in a call on it when it goes.
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        if reader is None:   # else the reader does, on its way out
-            self._release_socket()
-
-    def _release_socket(self) -> None:
-        with self._write_lock:
+        if self._stall is not None:
+            self._stall.cancel()
+        # Requests being served run on (a pipeline call is not cut in the middle); their
+        # answers find the session closed. abort() takes the socket off the loop's reading
+        # and writing now and closes it on the loop's next turn.
+        if self._transport is not None:
+            self._transport.abort()
+        elif not self._attaching:   # (else connection_made aborts it, or _attach closes it)
             self._sock.close()
         self._finished.set()
 
-    # ---- reading -----------------------------------------------------------------------
+    # ---- the transport's callbacks (on the loop) ---------------------------------------
 
-    def _read_loop(self) -> None:
-        reason = "peer closed"
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        if self._closed.is_set():   # closed while the loop was taking it
+            transport.abort()  # type: ignore[attr-defined]
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        # (asyncio tells a failed read and a failed write alike: the error names which)
+        self._shutdown(f"connection failed: {exc}" if exc is not None else "peer closed")
+
+    def eof_received(self) -> Optional[bool]:
+        buffered = self._mux.buffered or self._requests.buffered or self._responses.buffered
+        self._shutdown("peer closed mid-frame" if buffered else "peer closed")
+        return None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._rbuf
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self._rbuf[:nbytes]))
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed.is_set():
+            return
         try:
-            while not self._closed.is_set():
-                try:
-                    data = self._sock.recv(READ_BYTES)
-                except socket.timeout:
-                    continue
-                except OSError as e:
-                    reason = f"read failed: {e}"
-                    break
-                if not data:
-                    if self._mux.buffered or self._requests.buffered or self._responses.buffered:
-                        reason = "peer closed mid-frame"
-                    break
-                try:
-                    batch = self._mux.feed(data)
-                except fr.FrameError as e:
-                    reason = f"frame error: {e}"
-                    break
-                self._count("frames", len(batch))
-                for conn_id, payload in batch:
-                    if conn_id == fr.PLUGIN_SERVICE_CONN:
-                        for item in self._requests.feed(payload):
-                            self._on_request(item)
-                    else:
-                        for item in self._responses.feed(payload):
-                            self._on_response(item)
+            try:
+                batch = self._mux.feed(data)
+            except fr.FrameError as e:
+                self._shutdown(f"frame error: {e}")
+                return
+            self._counters["frames"] += len(batch)
+            for conn_id, payload in batch:
+                if self._closed.is_set():   # (ended by a frame of this batch: nothing more is run)
+                    return
+                if conn_id == fr.PLUGIN_SERVICE_CONN:
+                    for item in self._requests.feed(payload):
+                        self._on_request(item)
+                else:
+                    for item in self._responses.feed(payload):
+                        self._on_response(item)
         except Exception as e:   # a bug here must end the session, not leave it hanging
             self._log.exception("nri reader failed")
-            reason = f"internal error: {type(e).__name__}"
-        finally:
-            self._shutdown(reason)
-            self._release_socket()
+            self._shutdown(f"internal error: {type(e).__name__}")
+
+    def pause_writing(self) -> None:
+        # The peer does not take our answers as fast as we make them: read no more of its
+        # requests until it does, and give it write_timeout to make progress.
+        if self._transport is not None and self._transport.is_reading():
+            self._transport.pause_reading()
+        self._arm_stall()
+
+    def resume_writing(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        if self._transport is not None and not self._closed.is_set() and not self._transport.is_reading():
+            self._transport.resume_reading()
+
+    def _sent(self) -> int:
+        return self._written - (self._transport.get_write_buffer_size() if self._transport else 0)
+
+    def _arm_stall(self) -> None:
+        self._stall_sent = self._sent()
+        self._stall = self._loop.call_later(self.write_timeout, self._check_stall)
+
+    def _check_stall(self) -> None:
+        self._stall = None
+        if self._closed.is_set():
+            return
+        if self._sent() > self._stall_sent:   # it reads, slowly: another write_timeout
+            self._arm_stall()
+            return
+        self._shutdown(f"write failed: no progress for {self.write_timeout:g}s (the peer stopped reading)")
+
+    # ---- reading -----------------------------------------------------------------------
 
     def _on_request(self, item: Any) -> None:
         """One request as it arrives: whatever reading it raises (out of memory, too deep,
@@ -291,28 +379,31 @@ class NriSession:
     def _failure(self, counter: str, what: str, sid: int, error: str, method: str = "") -> None:
         """Count ``counter`` and answer stream ``sid`` INTERNAL for a request that failed
         here (``error``: the exception's type), then log one line and call ``on_failure``."""
-        self._count(counter)
+        self._counters[counter] += 1
+        try:   # counted before the answer (whoever reads the answer sees the count), but
+            if self._on_failure is not None:   # out of memory this may fail: the answer must not
+                self._on_failure()
+        except Exception:
+            pass
         self._answer(sid, INTERNAL, f"plugin failed to {'handle ' + method if method else 'read the request'} "
                                     f"({error})")
-        # answered first, logged and counted after: out of memory, these may fail too
+        # answered first, logged after: out of memory, the line may fail too
         try:
             self._log.error(what, method=method or None, stream_id=sid, error=error)
-            if self._on_failure is not None:
-                self._on_failure()
         except Exception:
             pass
 
     def _take_request(self, item: Any) -> None:
         if isinstance(item, fr.Oversized):
-            self._count("oversized")
+            self._counters["oversized"] += 1
             self._answer(item.stream_id, RESOURCE_EXHAUSTED,
                          f"message length {item.length} exceeds maximum message size of {self.max_message}")
             return
         if item.type != fr.REQUEST:
-            self._count("ignored")
+            self._counters["ignored"] += 1
             return
         sid = item.stream_id
-        self._count("requests")
+        self._counters["requests"] += 1
         if sid % 2 != 1 or sid <= self._last_request:
             self._answer(sid, INVALID_ARGUMENT, "StreamID must be odd, increasing and not re-used")
             return
@@ -329,47 +420,43 @@ class NriSession:
         if request.method not in PLUGIN_METHODS:
             self._answer(sid, UNIMPLEMENTED, f"method {request.method[:_ECHO]}")
             return
-        with self._lock:
-            admitted = self._inflight < self.max_inflight
-            if admitted:
-                self._inflight += 1
-            else:
-                self._counters["rejected_inflight"] += 1
-        if not admitted:
+        if self._inflight >= self.max_inflight:
+            self._counters["rejected_inflight"] += 1
             self._answer(sid, RESOURCE_EXHAUSTED, f"more than {self.max_inflight} requests in flight")
             return
+        self._inflight += 1
         try:
-            self._pool.submit(self._serve, sid, request.method, request.payload)
+            task = self._loop.create_task(self._serve(sid, request.method, request.payload))
         except BaseException:
-            self._done_serving()
-            if self._closed.is_set():   # the pool is shut down: the session is closing
-                return
+            self._inflight -= 1
             raise
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _on_response(self, item: Any) -> None:
         if not isinstance(item, fr.Oversized) and item.type != fr.RESPONSE:
-            self._count("ignored")
+            self._counters["ignored"] += 1
             return
-        with self._lock:
-            call = self._calls.pop(item.stream_id, None)
-            if call is None:
-                self._counters["unknown_stream"] += 1
-                return
+        call = self._calls.pop(item.stream_id, None)
+        if call is None or call.done():
+            self._counters["unknown_stream"] += 1
+            return
         if isinstance(item, fr.Oversized):
-            self._count("oversized")
-            call.error = NriRequestError(RESOURCE_EXHAUSTED, f"response of {item.length} bytes "
-                                                             f"exceeds {self.max_message}")
+            self._counters["oversized"] += 1
+            call.set_exception(NriRequestError(RESOURCE_EXHAUSTED, f"response of {item.length} bytes "
+                                                                   f"exceeds {self.max_message}"))
         else:
-            call.response = item.payload
-        call.done.set()
+            call.set_result(item.payload)
 
     # ---- serving -----------------------------------------------------------------------
 
-    def _serve(self, sid: int, method: str, payload: bytes) -> None:
+    async def _serve(self, sid: int, method: str, payload: bytes) -> None:
         try:
             failed = ""
             try:
                 out = self._handler(method, payload)
+                if inspect.isawaitable(out):
+                    out = await out
                 if not isinstance(out, (bytes, bytearray)):
                     raise TypeError(f"handler returned {type(out).__name__}, not bytes")
             except NriRequestError as e:
@@ -382,12 +469,8 @@ class NriSession:
                               failed, method[:_ECHO])
                 return
             if self._answer(sid, OK, "", bytes(out)):
-                self._count("served")
+                self._counters["served"] += 1
         finally:
-            self._done_serving()
-
-    def _done_serving(self) -> None:
-        with self._lock:
             self._inflight -= 1
 
     def _answer(self, sid: int, code: int, message: str, payload: bytes = b"") -> bool:
@@ -403,65 +486,93 @@ class NriSession:
             data = ttrpc_pb2.Response(status=ttrpc_pb2.Status(
                 code=code, message=f"response of {len(data)} bytes exceeds {fr.MAX_MESSAGE}")).SerializeToString()
         if code != OK:
-            self._count("errors_sent")
-        try:
-            self._send(fr.message_frames(fr.PLUGIN_SERVICE_CONN, sid, fr.RESPONSE, 0, data))
-        except SessionClosed:
-            return False
-        return True
+            self._counters["errors_sent"] += 1
+        return self._write(fr.message_frames(fr.PLUGIN_SERVICE_CONN, sid, fr.RESPONSE, 0, data))
 
-    def _send(self, frames: bytes) -> None:
-        with self._write_lock:
-            if self._closed.is_set():
-                raise SessionClosed(self.reason)
-            try:
-                self._sock.sendall(frames)
-                return
-            except OSError as e:   # socket.timeout too: the frame is half written
-                failure = f"write failed: {e or type(e).__name__}"
-        self._shutdown(failure)
-        raise SessionClosed(self.reason)
+    def _write(self, frames: bytes) -> bool:
+        """Hand ``frames`` to the transport (never blocks); False when the session is closed."""
+        if self._closed.is_set() or self._transport is None:
+            return False
+        self._written += len(frames)
+        self._transport.write(frames)
+        return True
 
     # ---- calling -----------------------------------------------------------------------
 
-    def call(self, method: str, request: Message, response_cls: Type[Message], timeout: float) -> Message:
-        """Call ``nri.pkg.api.v1alpha1.Runtime``'s ``method`` (RegisterPlugin,
+    async def acall(self, method: str, request: Message, response_cls: Type[Message], timeout: float) -> Message:
+        """On the loop: call ``nri.pkg.api.v1alpha1.Runtime``'s ``method`` (RegisterPlugin,
         UpdateContainers) and return its parsed response. Raises NriRequestError for an
         error status (RESOURCE_EXHAUSTED for a request over 4 MiB, which is not sent;
         INTERNAL for a response that does not parse), SessionClosed when the session ends
-        first, TimeoutError after ``timeout`` seconds."""
+        first, TimeoutError after ``timeout`` seconds (a late answer is counted and ignored)."""
         envelope = ttrpc_pb2.Request(service=RUNTIME_SERVICE, method=method, payload=request.SerializeToString(),
                                      timeout_nano=int(timeout * 1e9))
         data = envelope.SerializeToString()
         if len(data) > fr.MAX_MESSAGE:
             raise NriRequestError(RESOURCE_EXHAUSTED, f"request of {len(data)} bytes exceeds {fr.MAX_MESSAGE}")
-        call = _Pending()
-        # Stream ids must go out in increasing order: allocate and send under one lock.
-        with self._write_lock:
-            with self._lock:
-                if self._closed.is_set():
-                    raise SessionClosed(self.reason)
-                sid = self._next_stream
-                if sid > _MAX_STREAM_ID:
-                    raise SessionClosed("stream ids exhausted")
-                self._next_stream += 2
-                self._calls[sid] = call
-                self._counters["calls"] += 1
+        if self._closed.is_set() or self._transport is None or self._next_stream > _MAX_STREAM_ID:
+            raise SessionClosed(self.reason or ("not started" if self._transport is None else "stream ids exhausted"))
+        sid = self._next_stream
+        # (the loop is one thread: ids are allocated and written in increasing order)
+        self._next_stream += 2
+        call: "asyncio.Future[Any]" = self._loop.create_future()
+        # (its SessionClosed may find no waiter, one cancelled meanwhile: read, never reported
+        # at collection, where asyncio's report would format a traceback inside any code)
+        call.add_done_callback(_retrieve)
+        self._calls[sid] = call
+        self._counters["calls"] += 1
+        self._write(fr.message_frames(fr.RUNTIME_SERVICE_CONN, sid, fr.REQUEST, 0, data))
+        try:
+            answer = await asyncio.wait_for(call, timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"{method}: no response within {timeout:g}s") from None
+        finally:
+            if self._calls.get(sid) is call:
+                del self._calls[sid]
+        return self._parse_response(method, answer, response_cls)
+
+    def call(self, method: str, request: Message, response_cls: Type[Message], timeout: float) -> Message:
+        """:meth:`acall` from a thread other than the loop's, waiting at most ``timeout``
+        seconds; the same errors (SessionClosed too when the loop is closed). On the loop's
+        thread it raises RuntimeError at once: waiting there would stop the very reader
+        that resolves the call."""
+        if self._on_loop():
+            raise RuntimeError("NriSession.call on the event loop's thread would block it: await acall")
+        # acall times out first, on the loop, where it also forgets the stream (a late
+        # answer is then counted as one); this wait only outlasts a loop that is starved
+        try:
+            return self._from_thread(self.acall(method, request, response_cls, timeout), timeout + CALL_GRACE)
+        except TimeoutError:
+            raise TimeoutError(f"{method}: no response within {timeout:g}s") from None
+
+    def _from_thread(self, coro: Any, timeout: float) -> Any:
+        """What ``coro`` returns (or raises), run on the loop and waited for from another
+        thread: SessionClosed as soon as the session ends (even while the loop is busy, as
+        in the daemon's stop, which closes the session and then waits for our thread) or
+        when the loop is closed; TimeoutError after ``timeout`` seconds."""
+        done = threading.Event()
+        with self._state_lock:
+            if self._closed.is_set():
+                coro.close()
+                raise SessionClosed(self.reason)
+            self._waiters.add(done)
+        try:
             try:
-                self._sock.sendall(fr.message_frames(fr.RUNTIME_SERVICE_CONN, sid, fr.REQUEST, 0, data))
-                failure = ""
-            except OSError as e:
-                failure = f"write failed: {e or type(e).__name__}"
-        if failure:
-            self._shutdown(failure)
-        if not call.done.wait(timeout):
-            with self._lock:
-                self._calls.pop(sid, None)
-            if not call.done.is_set():
-                raise TimeoutError(f"{method}: no response within {timeout:g}s")
-        if call.error is not None:
-            raise call.error
-        return self._parse_response(method, call.response, response_cls)
+                fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            except RuntimeError as e:   # the loop is closed
+                coro.close()
+                raise SessionClosed(f"the event loop is closed ({e})") from None
+            fut.add_done_callback(lambda _f: done.set())
+            done.wait(timeout)
+            if fut.done():
+                return fut.result()
+            if self._closed.is_set():   # (the loop has not run since: it may be waiting for us;
+                raise SessionClosed(self.reason)   # the call ends there with SessionClosed too)
+            fut.cancel()
+            raise TimeoutError(f"no answer within {timeout:g}s")
+        finally:
+            with self._state_lock:
+                self._waiters.discard(done)
 
     @staticmethod
     def _parse_response(method: str, data: bytes, response_cls: Type[Message]) -> Message:
@@ -478,6 +589,11 @@ class NriSession:
         except DecodeError:
             raise NriRequestError(INTERNAL, f"{method}: unparseable {response_cls.__name__}") from None
         return out
+
+
+def _retrieve(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 __all__ = ["Handler", "NriRequestError", "NriSession", "PLUGIN_METHODS", "PLUGIN_SERVICE", "RUNTIME_SERVICE",

@@ -22,6 +22,7 @@ from anolisnuma.pipeline.hooks import (
 )
 from anolisnuma.pipeline.interceptor import Interceptor
 from anolisnuma.state.store import Store
+from anolisnuma.testing.loop_thread import LoopThread
 from nri_proto import api_pb2 as nri
 
 
@@ -55,19 +56,33 @@ class Pinner(Hook):
         self.seen.append(("post", call.method, call.pod.name if call.pod is not None else None))
 
 
+class Driven:
+    """The front-end as the test's thread drives it: its event coroutines run on its loop
+    (where the NRI session runs them) and are waited for; anything else is the front-end's."""
+
+    def __init__(self, fe: NriFrontEnd) -> None:
+        object.__setattr__(self, "fe", fe)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.fe, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+        return lambda *args: asyncio.run_coroutine_threadsafe(attr(*args), self.fe.loop).result(30)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.fe, name, value)
+
+
 @pytest.fixture
 def running() -> Iterator[Tuple[NriFrontEnd, Interceptor, Pinner]]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     hook = Pinner()
     config = HooksConfig(per_hook={"numa": HookSettings(budget_seconds=1.0, failure_policy="fail")})
     ic = Interceptor([hook], config, Store())
     try:
-        yield NriFrontEnd(ic, loop, timeout=5.0), ic, hook
+        # (its tasks, a post-hook still running, finished before it stops: nothing left to GC)
+        with LoopThread() as lt:
+            yield Driven(NriFrontEnd(ic, lt.loop, timeout=5.0)), ic, hook
     finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
         ic.executor.shutdown(wait=False)
 
 

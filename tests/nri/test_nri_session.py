@@ -4,6 +4,7 @@ condition it checks; time limits are ratios to a baseline measured in the same t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
@@ -24,7 +25,8 @@ PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 
 class Handler:
     """Answers Configure with a subscription, Synchronize with no updates; ``block`` makes
-    the named methods wait for ``release``; ``fail`` maps a method to an exception."""
+    the named methods wait for ``release`` (off the loop, as a hook waits in its executor);
+    ``fail`` maps a method to an exception. A coroutine, as the plugin's handler is."""
 
     def __init__(self) -> None:
         self.calls: List[str] = []
@@ -33,11 +35,11 @@ class Handler:
         self.entered = threading.Semaphore(0)
         self.fail = {}
 
-    def __call__(self, method: str, payload: bytes) -> bytes:
+    async def __call__(self, method: str, payload: bytes) -> bytes:
         self.calls.append(method)
         if method in self.block:
             self.entered.release()
-            assert self.release.wait(60)
+            assert await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 60)
         if method in self.fail:
             raise self.fail[method]
         if method == "Configure":
@@ -55,7 +57,7 @@ class Handler:
 
 
 @pytest.fixture
-def pair(sockdir):
+def pair(sockdir, nri_loop):
     """(runtime, session, handler) connected and started; factory for options."""
     made = []
 
@@ -63,7 +65,7 @@ def pair(sockdir):
         path = os.path.join(sockdir, f"nri{len(made)}.sock")
         rt = FakeNriRuntime(path).start()
         handler = Handler()
-        session = NriSession.connect(path, handler, **kw)
+        session = NriSession.connect(path, handler, loop=nri_loop, **kw)
         session.start()
         rt.wait_connected()
         made.append((rt, session))
@@ -143,9 +145,9 @@ def test_large_response_is_cut_so_containerd_can_read_it(pair):
     assert rt.violations == []
 
 
-def test_the_bytes_on_a_socketpair():
+def test_the_bytes_on_a_socketpair(nri_loop):
     ours, theirs = socket.socketpair()
-    session = NriSession(ours, Handler())
+    session = NriSession(ours, Handler(), loop=nri_loop)
     session.start()
     try:
         envelope = ttrpc_pb2.Request(service=PLUGIN, method="Shutdown").SerializeToString()
@@ -307,7 +309,7 @@ def test_data_messages_and_stray_responses_are_ignored(pair):
 # ---- bounds -------------------------------------------------------------------------------
 
 def test_slow_handler_does_not_block_another_request(pair):
-    rt, _, handler = pair(workers=2)
+    rt, _, handler = pair()
     handler.block.add("Synchronize")
     slow = {}
     t = threading.Thread(target=lambda: slow.update(r=rt.call_plugin(
@@ -322,7 +324,7 @@ def test_slow_handler_does_not_block_another_request(pair):
 
 
 def test_flood_beyond_max_inflight_is_refused_without_running_the_handler(pair):
-    rt, session, handler = pair(workers=1, max_inflight=2)
+    rt, session, handler = pair(max_inflight=2)
     handler.block.add("StateChange")
     sids = [raw_request(rt, method="StateChange") for _ in range(10)]
     refused = wait_until(lambda: [s for s in sids if any(m.stream_id == s for m in rt.unmatched)]
@@ -429,9 +431,9 @@ def test_a_peer_that_stops_reading_ends_the_session_after_the_write_timeout(pair
     rt.reading.set()
 
 
-def test_close_before_start():
+def test_close_before_start(nri_loop):
     a, b = socket.socketpair()
-    session = NriSession(a, Handler())
+    session = NriSession(a, Handler(), loop=nri_loop)
     session.close()
     assert session.wait_closed(0) and a.fileno() == -1
     session.start()   # no-op on a closed session
@@ -483,3 +485,51 @@ def test_a_request_one_byte_per_frame_and_one_byte_per_write(pair):
     # than a whole call (two messages, a thread hand-off, protobuf): never a rescan.
     assert elapsed < len(wire) * baseline, (elapsed, baseline, len(wire))
     assert not session.closed
+
+
+# ---- who runs what (issue 34: no thread between the socket and the handler) ---------------
+
+def test_requests_are_served_on_the_loop_and_calls_from_it_are_refused_not_deadlocked(pair, nri_loop):
+    # given a handler that notes the thread it runs on and tries a blocking call from there
+    rt, session, handler = pair()
+    seen = {}
+
+    async def ident() -> int:
+        return threading.get_ident()
+    loop_thread = asyncio.run_coroutine_threadsafe(ident(), nri_loop).result(30)
+
+    async def noting(method: str, payload: bytes) -> bytes:
+        seen["thread"] = threading.get_ident()
+        try:
+            session.call("UpdateContainers", api_pb2.UpdateContainersRequest(), api_pb2.UpdateContainersResponse, 1)
+        except RuntimeError as e:
+            seen["refused"] = str(e)
+        return api_pb2.ConfigureResponse(events=1).SerializeToString()
+    session._handler = noting
+    # when the runtime calls it
+    assert configure(rt).events == 1
+    # then it ran on the loop's own thread, and the blocking call was refused at once
+    assert seen["thread"] == loop_thread and "await acall" in seen["refused"]
+    assert not session.closed and session.counters["calls"] == 0
+
+
+def test_a_thread_in_call_is_woken_when_the_session_ends_while_the_loop_is_busy(pair, nri_loop):
+    # given a thread waiting in call() (the plugin's registration) for a runtime that does not answer
+    rt, session, _ = pair()
+    rt.answer_calls = False
+    t, out = pending_call(session)
+    wait_until(lambda: rt.requests, "the call at the runtime")
+    # when the loop closes the session and then waits for that thread, as the daemon's stop does
+    # (it stops the plugin on the loop: close, then join the plugin's thread)
+    joined = {}
+    done = threading.Event()
+
+    def stop_as_the_daemon_does() -> None:
+        session.close()
+        t.join(30)
+        joined["alive"] = t.is_alive()
+        done.set()
+    nri_loop.call_soon_threadsafe(stop_as_the_daemon_does)
+    # then the thread is told at once, without the loop's help, and the loop is not held up
+    assert done.wait(60)
+    assert joined["alive"] is False and isinstance(out["error"], SessionClosed)

@@ -87,13 +87,13 @@ class Garbage:
 
 
 @pytest.fixture
-def setup(tmp_path) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, Recorder, List[int], CriClient]]:
+def setup(tmp_path, nri_loop) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, Recorder, List[int], CriClient]]:
     path = str(tmp_path / "nri.sock")
     runtime = FakeNriRuntime(path).start()
     synced: List[int] = []
     fe, cri_client = Recorder(), CriClient()
     plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), fe,
-                       on_synchronize=lambda: synced.append(1), fallback=cri_client)
+                       on_synchronize=lambda: synced.append(1), fallback=cri_client, loop=nri_loop)
     plugin.start()
     plugin.wake()
     try:
@@ -228,12 +228,12 @@ def test_reconnects_with_backoff_when_the_runtime_comes_back(setup, tmp_path):
         again.close()
 
 
-def test_a_runtime_that_never_answers_registration_is_left_and_retried(tmp_path, monkeypatch):
+def test_a_runtime_that_never_answers_registration_is_left_and_retried(tmp_path, monkeypatch, nri_loop):
     path = str(tmp_path / "nri.sock")
     runtime = FakeNriRuntime(path)
     runtime.answer_calls = False
     runtime.start()
-    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder(), loop=nri_loop)
     monkeypatch.setattr("anolisnuma.nri.plugin.REGISTRATION_TIMEOUT", 0.3)
     try:
         plugin.start()
@@ -245,9 +245,9 @@ def test_a_runtime_that_never_answers_registration_is_left_and_retried(tmp_path,
         runtime.close()
 
 
-def test_stop_is_prompt_while_nothing_listens(tmp_path):
+def test_stop_is_prompt_while_nothing_listens(tmp_path, nri_loop):
     plugin = NriPlugin(NriConfig(enabled=True, socket=str(tmp_path / "absent.sock"), reconnect_max_seconds=300),
-                       Recorder())
+                       Recorder(), loop=nri_loop)
     plugin.start()
     plugin.wake()
     wait_until(lambda: plugin.n["connect_failures"] >= 1, "a failed connect")
@@ -258,7 +258,7 @@ def test_stop_is_prompt_while_nothing_listens(tmp_path):
 
 
 @pytest.mark.parametrize("how", ["directory writable by all", "socket owned by another user"])
-def test_a_socket_another_user_could_replace_is_not_connected_to(tmp_path, how):
+def test_a_socket_another_user_could_replace_is_not_connected_to(tmp_path, how, nri_loop):
     """Whoever may change the socket or a directory above it could listen there in
     containerd's place and tell the plugin of pods that are not there."""
     d = tmp_path / "nri"
@@ -269,7 +269,7 @@ def test_a_socket_another_user_could_replace_is_not_connected_to(tmp_path, how):
         os.chmod(d, 0o777)
     else:
         os.chown(path, 1000, 1000)
-    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder(), loop=nri_loop)
     plugin.start()
     plugin.wake()
     try:
@@ -301,7 +301,7 @@ sys.stdin.read()
 """
 
 
-def test_a_listener_that_is_not_root_behind_a_root_owned_socket_is_refused(tmp_path):
+def test_a_listener_that_is_not_root_behind_a_root_owned_socket_is_refused(tmp_path, nri_loop):
     """The socket's file says who bound it; only the kernel says who listens: a process of
     another user there would tell the plugin of pods that are not there."""
     import subprocess
@@ -313,7 +313,7 @@ def test_a_listener_that_is_not_root_behind_a_root_owned_socket_is_refused(tmp_p
     path = str(d / "nri.sock")
     impostor = subprocess.Popen([sys.executable, "-c", LISTEN_AS_NOBODY, path], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
-    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder(), loop=nri_loop)
     runtime = None
     try:
         assert impostor.stdout.readline() == "listening\n" and os.stat(path).st_uid == 0
@@ -342,7 +342,7 @@ def test_a_listener_that_is_not_root_behind_a_root_owned_socket_is_refused(tmp_p
             runtime.close()
 
 
-def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path):
+def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path, nri_loop):
     """A sticky directory (as /tmp) on the way: root's link there is followed, and another
     user's, swapped in while the plugin was away, is refused even though it leads to the
     same root-only directory: its owner could point it elsewhere between a check and the
@@ -355,7 +355,7 @@ def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path):
     os.symlink(real, shared / "nri")
     path = str(shared / "nri" / "nri.sock")
     runtime = FakeNriRuntime(str(real / "nri.sock")).start()
-    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder())
+    plugin = NriPlugin(NriConfig(enabled=True, socket=path, reconnect_max_seconds=0.5), Recorder(), loop=nri_loop)
     plugin.start()
     plugin.wake()
     again = None
@@ -387,32 +387,27 @@ def test_a_link_another_user_owns_swapped_into_the_path_is_refused(tmp_path):
 def real_front_end(tmp_path) -> Iterator[Tuple[FakeNriRuntime, NriPlugin, List[int]]]:
     """The plugin with the real front-end (the interception pipeline on its own loop, no
     hooks), registered with the fake runtime; ``synced`` counts the resyncs asked."""
-    import asyncio
-
     from anolisnuma.config import HooksConfig
     from anolisnuma.nri.frontend import NriFrontEnd
     from anolisnuma.pipeline.interceptor import Interceptor
     from anolisnuma.state.store import Store
+    from anolisnuma.testing.loop_thread import LoopThread
 
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     ic = Interceptor([], HooksConfig(), Store())
     runtime = FakeNriRuntime(str(tmp_path / "nri.sock")).start()
     synced: List[int] = []
-    plugin = NriPlugin(NriConfig(enabled=True, socket=runtime.path, reconnect_max_seconds=0.5),
-                       NriFrontEnd(ic, loop, timeout=5.0), on_synchronize=lambda: synced.append(1))
-    plugin.start()
-    plugin.wake()
-    try:
-        assert runtime.registered.wait(10)
-        yield runtime, plugin, synced
-    finally:
-        plugin.stop()
-        runtime.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        ic.executor.shutdown(wait=False)
+    with LoopThread() as lt:
+        plugin = NriPlugin(NriConfig(enabled=True, socket=runtime.path, reconnect_max_seconds=0.5),
+                           NriFrontEnd(ic, lt.loop, timeout=5.0), on_synchronize=lambda: synced.append(1))
+        plugin.start()
+        plugin.wake()
+        try:
+            assert runtime.registered.wait(10)
+            yield runtime, plugin, synced
+        finally:
+            plugin.stop()
+            runtime.close()
+    ic.executor.shutdown(wait=False)
 
 
 def create(runtime: FakeNriRuntime, cid: str, shares: int = 0) -> Any:
