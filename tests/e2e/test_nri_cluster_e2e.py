@@ -48,7 +48,8 @@ def test_an_oenuma_cr_moves_a_pod_placed_by_nri_and_its_deletion_gives_it_back(c
         proxy = InProcessProxy(config, hooks=build_hooks(config)).start()
         kl = KubeletLike(containerd.socket, harness=containerd)
         try:
-            wait_until(lambda: proxy.daemon.nri is not None and proxy.daemon.nri.n["synchronizes"] >= 1,
+            wait_until(lambda: proxy.daemon.nri is not None and proxy.daemon.nri.n["synchronizes"] >= 1
+                       and proxy.daemon.nri.n["registrations"] >= 1,
                        "the NRI plugin registered")
             hook = proxy.daemon.hooks[0]
             pod = kl.run_pod(name="web-0", namespace=NS)

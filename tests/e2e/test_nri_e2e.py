@@ -59,7 +59,8 @@ def nri_daemon(containerd: Any, base: str, **numa: Any) -> Iterator[Tuple[InProc
     assert isinstance(hook, NumaHook)
     proxy = InProcessProxy(config, hooks=hooks).start()
     try:
-        wait_until(lambda: proxy.daemon.nri is not None and proxy.daemon.nri.n["synchronizes"] >= 1,
+        wait_until(lambda: proxy.daemon.nri is not None and proxy.daemon.nri.n["synchronizes"] >= 1
+                   and proxy.daemon.nri.n["registrations"] >= 1,
                    "the NRI plugin registered and synchronized")
         yield proxy, hook, data
     finally:
@@ -247,7 +248,8 @@ def test_nri_qos_levels_and_knobs_on_fake_tree(containerd, tmp_path):
     proxy = InProcessProxy(config, hooks=[mirror, hook]).start()
     kl = KubeletLike(containerd.socket, harness=containerd)
     try:
-        wait_until(lambda: proxy.daemon.nri is not None and proxy.daemon.nri.n["synchronizes"] >= 1, "registered")
+        wait_until(lambda: proxy.daemon.nri is not None and proxy.daemon.nri.n["synchronizes"] >= 1
+                   and proxy.daemon.nri.n["registrations"] >= 1, "registered")
         for name, qos, ann, labels, level, _source, group in LEVEL_PODS:
             if name == LATE:
                 continue
