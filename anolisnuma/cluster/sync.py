@@ -134,10 +134,10 @@ class ClusterSync(Controller):
                         crs[bisect.bisect_left(self._order, key)] = self._by_key[key]
                 self.current = crs
             crs = self.current
-            changed_rules = rules_changed and self.placement.set_cluster_rules(self.rules_in_order())
+            rules = self.rules_in_order() if rules_changed else []
+            changed_rules = rules_changed and self.placement.set_cluster_rules(rules)
             if changed_rules:
                 self.rule_changes += 1
-                rules = self.rules_in_order()
                 # (the first ones: at the node's caps the whole list would be a line of 100s of kB)
                 log.info("NUMA placement rules from Oenuma CRs", crs=[cr.ref for cr in crs[:LOGGED]],
                          crs_total=len(crs), rules=[r.describe() for r in rules[:LOGGED]], rules_total=len(rules),
