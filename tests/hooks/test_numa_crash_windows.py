@@ -11,7 +11,6 @@ FakeNode), as the daemon's start-up does."""
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Dict, Iterator, List
 
@@ -285,14 +284,6 @@ class CrashAnyInstant(NumaLifecycle):
 
     @rule()
     def restart(self):
-        self._kill9()
-
-    @rule()
-    def restart_with_lost_state(self):
-        try:
-            os.unlink(os.path.join(self.node.paths.state_dir, "numa.json"))
-        except FileNotFoundError:
-            pass
         self._kill9()
 
     @invariant()
