@@ -2,8 +2,9 @@
 written (tests/cluster/test_walkthrough.py; the document's steps: ``doc_walkthrough.py``).
 
 :class:`WalkthroughNode` is node ``worker-1`` as the document has it: anolisnuma installed
-(its configuration file in ``<base>/etc/anolisnuma``, standing for ``/etc/anolisnuma``, the
-link off as shipped), run as its own process by ``systemctl restart anolisnuma`` in front
+(its configuration file in ``<base>/etc/anolisnuma``, standing for ``/etc/anolisnuma``: the
+shipped config.toml with the node's own paths and sockets set in it, the link off as
+shipped; the document's keys are set in it as a person edits it, ``config_edit.py``), run as its own process by ``systemctl restart anolisnuma`` in front
 of a FakeCri with 4 NUMA nodes of 16 CPUs, and a :class:`StandInKubelet` running the pods
 bound to it. Commands run in one of two shells (bash), each with commands of its own first
 on its PATH:
@@ -32,6 +33,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - the Python 3.9/3.10 nodes
     import tomli as tomllib
 
+from anolisnuma.testing import config_edit
 from anolisnuma.testing.fake_cri import FakeCri
 from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane
@@ -86,13 +88,22 @@ class WalkthroughNode:
         return self
 
     def _write_config(self) -> None:
+        """The shipped config.toml, with this stand-in node's own paths and sockets set in
+        it as :meth:`edit_config` sets the document's keys."""
+        with open(os.path.join(REPO_ROOT, "config.toml")) as f:
+            shipped = f.read()
         with open(self.config_path, "w") as f:
-            f.write(to_toml(self.config))
+            f.write(config_edit.edit(shipped, to_toml(self.config)))
 
-    def merge_config(self, toml_text: str) -> None:
-        """Set the keys of ``toml_text`` in the configuration file (as an operator edits it)."""
-        _merge(self.config, tomllib.loads(toml_text))
-        self._write_config()
+    def edit_config(self, toml_text: str) -> None:
+        """Set the keys of ``toml_text`` in the configuration file as an operator edits it:
+        in the sections the file has (``config_edit.edit``; a table declared twice, or a
+        key that does not end up set, fails)."""
+        with open(self.config_path) as f:
+            text = config_edit.edit(f.read(), toml_text)
+        with open(self.config_path, "w") as f:
+            f.write(text)
+        self.config = tomllib.loads(text)
 
     def _write_commands(self) -> None:
         for role, commands in (("admin", {"ssh": "ssh"}), ("node", {"systemctl": "systemctl"})):
@@ -207,14 +218,6 @@ def restart_daemon(env: Dict[str, str]) -> None:
         wait_for_socket(env["WALK_NODE_SOCKET"], 30, alive=lambda: proc.poll() is None)
     except Exception as e:
         raise RuntimeError(f"{e}; exit code {proc.poll()}; see {os.path.join(base, DAEMON_LOG)}") from e
-
-
-def _merge(into: Dict[str, Any], keys: Dict[str, Any]) -> None:
-    for k, v in keys.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
-            _merge(into[k], v)
-        else:
-            into[k] = v
 
 
 def _alive(pid: int) -> bool:

@@ -47,7 +47,7 @@ def run_step(node: WalkthroughNode, step: Step) -> None:
     text = node.substitute(step.text)
     where = f"docs/cluster.md line {step.line} ({step.role})"
     if step.kind == "toml":
-        node.merge_config(text)
+        node.edit_config(text)
         return
     if step.kind == "sh":
         done = node.run(step.role, text)
