@@ -13,7 +13,10 @@ configuration file). Its language says what it is:
 
 Blocks without the comment (examples, excerpts) are not steps. :func:`output_matches` says
 whether a command printed what the document shows: the same non-empty lines, in order,
-with runs of blanks as one and durations (``3s``, ``5m02s``, ``120ms``) as any duration;
+with runs of blanks as one and what differs from run to run read past: durations (``3s``,
+``5m02s``, ``120ms``, ``1.6 ms``) as any duration, clock times (``16:31:13``) as any time,
+``pid N`` as any pid, hexadecimal IDs of 12 digits or more (containerd's) as any ID, and
+every number of the lines a caller names volatile (counters of a running daemon);
 :func:`as_shown` whether a command did what the document shows: shown with its output, it
 printed it, whatever its exit status (``kubectl auth can-i`` answers ``no`` with 1); shown
 without, it succeeded.
@@ -23,12 +26,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Pattern, Sequence
 
 MARK = re.compile(r"^<!--\s*walkthrough:\s*([a-z-]+)\s*-->\s*$")
 FENCE = re.compile(r"^```(\w*)\s*$")
 HEREDOC = re.compile(r"<<-?\s*'?\"?(\w+)'?\"?")
-DURATION = re.compile(r"\b(?:\d+(?:\.\d+)?(?:ms|us|s|m|h|d))+\b")
+DURATION = re.compile(r"\b(?:\d+(?:\.\d+)?(?:ms|us|s|m|h|d))+\b|\b\d+(?:\.\d+)? (?:ms|us|s)\b")
+CLOCK = re.compile(r"\b\d\d:\d\d:\d\d\b")
+PID = re.compile(r"\bpid \d+\b")
+HEX_ID = re.compile(r"\b[0-9a-f]{12,64}\b")
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
 ROLES = ("admin", "node", "node-config")
 KINDS = ("sh", "console", "toml")
 
@@ -106,17 +113,26 @@ def console_commands(text: str) -> List[Command]:
     return out
 
 
-def normalized(line: str) -> str:
-    return DURATION.sub("<duration>", " ".join(line.split()))
+def normalized(line: str, volatile: Sequence[Pattern[str]] = ()) -> str:
+    """``line`` with what differs from run to run replaced (see the module docstring); every
+    number of a line one of ``volatile`` finds is replaced too."""
+    line = " ".join(line.split())
+    line = DURATION.sub("<duration>", line)
+    line = CLOCK.sub("<time>", line)
+    line = PID.sub("pid <pid>", line)
+    line = HEX_ID.sub("<id>", line)
+    if any(v.search(line) for v in volatile):
+        line = NUMBER.sub("<n>", line)
+    return line
 
 
-def output_matches(expected: List[str], output: str) -> bool:
+def output_matches(expected: List[str], output: str, volatile: Sequence[Pattern[str]] = ()) -> bool:
     """The output shows what the document does (see the module docstring); a command shown
     without output may print anything."""
-    want = [normalized(x) for x in expected if x.strip()]
+    want = [normalized(x, volatile) for x in expected if x.strip()]
     if not want:
         return True
-    return want == [normalized(x) for x in output.splitlines() if x.strip()]
+    return want == [normalized(x, volatile) for x in output.splitlines() if x.strip()]
 
 
 def as_shown(command: Command, returncode: int, stdout: str) -> bool:

@@ -78,3 +78,25 @@ def test_a_command_shown_with_its_output_may_answer_with_its_exit_status() -> No
     assert not as_shown(Command("kubectl auth can-i get oenumas", ["no"]), 0, "yes\n")
     assert as_shown(Command("systemctl restart anolisnuma"), 0, "")
     assert not as_shown(Command("systemctl restart anolisnuma"), 1, "")
+
+
+def test_what_differs_from_run_to_run_is_read_past_and_nothing_else() -> None:
+    import re
+
+    shown = ["anolisnuma: 0.1.0, pid 1787, up 3h12m05s, ready",
+             "16:31:13  CreateContainer  app  OK  1.303ms  numa: placed on node 1 cpus 4-6",
+             "app  3746d945fb02d  4-6  1",
+             "containerd: reachable: fake-cri 1.0.0, CRI v1, 1.6 ms"]
+    printed = ("anolisnuma: 0.1.0, pid 42, up 2s, ready\n"
+               "09:02:59  CreateContainer  app  OK  0.9ms  numa: placed on node 1 cpus 4-6\n"
+               "app  0a1b2c3d4e5f6  4-6  1\n"
+               "containerd: reachable: fake-cri 1.0.0, CRI v1, 12 ms\n")
+    assert output_matches(shown, printed)
+    assert not output_matches(shown, printed.replace("cpus 4-6", "cpus 0-3"))
+    assert not output_matches(shown, printed.replace("4-6  1", "4-6  0"))
+    loops = ["numa-repin  running  5s  2307  0  0.02 ms  applied=4"]
+    assert not output_matches(loops, "numa-repin  running  5s  12  0  0.01 ms  applied=0\n")
+    assert output_matches(loops, "numa-repin  running  5s  12  0  0.01 ms  applied=0\n",
+                          volatile=[re.compile(r"^numa-repin ")])
+    assert not output_matches(loops, "numa-repin  stopped  5s  12  0  0.01 ms  applied=0\n",
+                              volatile=[re.compile(r"^numa-repin ")])
