@@ -140,3 +140,24 @@ def test_a_wrong_value_does_not_hide_the_other_sections_own_checks(tmp_path):
     assert r.stderr.splitlines() == [PREFIX + "server.listen: must be an absolute unix socket path; got 'rel.sock'"]
     r = check(tmp_path, "[log]\nlevel = 'x'\n[runtime]\nendpoint = '/run/c.sock'\n[admin]\nsocket = '/run/c.sock'\n")
     assert len(r.stderr.splitlines()) == 2 and "admin.socket: must differ" in r.stderr
+
+
+def test_each_wrong_pin_is_named_once_per_key_and_left_out_and_the_good_ones_kept():
+    data = {"numa": {"pin": [{"nodes": "x", "namespace": 3}, 7, {"name": 5, "nodes": [0]},
+                             {"name": "a", "nodes": [1, 1], "nodez": 1}, {"name": "web-*", "nodes": [0]}]}}
+    with pytest.raises(ConfigErrors) as info:
+        Config.from_dict(data)
+    assert info.value.lines() == [
+        "numa.pin[0].namespace: must be a string, not an integer",
+        "numa.pin[0].name: is required",
+        "numa.pin[0].nodes: must be a non-empty list of NUMA node ids (integers)",
+        "numa.pin[1]: must be a table",
+        "numa.pin[2].name: must be a string, not an integer",
+        "numa.pin[3].nodes: lists a node twice",
+        "numa.pin[3].nodez: unknown key (did you mean nodes?)",
+    ]
+    from anolisnuma.configfile import Table
+    from anolisnuma.policies.numa.config import _pins
+
+    t = Table(data["numa"], "numa")
+    assert [p.name for p in _pins(t)] == ["web-*"] and len(t.errors.listed) == 7

@@ -202,12 +202,12 @@ def _pins(t: Table) -> Tuple[PinSpec, ...]:
 def _pin(pt: Table, key: str) -> Optional[PinSpec]:
     errors = len(pt.errors.listed) + pt.errors.more
     namespace = pt.str("namespace", "*")
-    name = pt.str("name", "")
+    name = pt.str("name", None)   # None: absent, or not a string (noted)
     if not namespace.strip():
         pt.invalid("namespace", "must not be empty")
     if not pt.has("name"):
         pt.invalid("name", "is required")
-    elif not name.strip():
+    elif name is not None and not name.strip():
         pt.invalid("name", "must not be empty")
     nodes = pt.raw("nodes", None)
     if (not isinstance(nodes, list) or not nodes
