@@ -27,8 +27,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         config = Config.load(args.config)
-    except ConfigError as e:
-        print(f"anolisnuma: invalid configuration: {e}", file=sys.stderr)
+    except ConfigError as e:   # every error the file has, one a line (ConfigErrors)
+        for line in e.lines():
+            print(f"anolisnuma: invalid configuration: {line}", file=sys.stderr)
         return EXIT_CONFIG
     if args.check_config:
         from anolisnuma.preflight import config_warnings, credential_warnings

@@ -14,7 +14,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from anolisnuma.configfile import ConfigError, Table, load_toml
+from anolisnuma.configfile import ConfigError, Table, did_you_mean, load_toml, shown
 
 MIB = 1 << 20
 
@@ -22,7 +22,7 @@ MIB = 1 << 20
 def _abs_path(table: Table, name: str, default: str) -> str:
     value = table.str(name, default)
     if not value.startswith("/"):
-        raise ConfigError(table.key(name), f"must be an absolute path; got {value!r}")
+        return table.invalid(name, f"must be an absolute path; got {shown(value)}", default)
     return value.rstrip("/") or "/"
 
 
@@ -53,9 +53,10 @@ class ServerConfig:
         try:
             socket_mode = int(mode, 8)
         except ValueError:
-            raise ConfigError(t.key("socket_mode"), f"must be an octal string like \"0660\"; got {mode!r}")
+            socket_mode = t.invalid("socket_mode", f"must be an octal string like \"0660\"; got {shown(mode)}",
+                                    cls.socket_mode)
         if not 0 <= socket_mode <= 0o777:
-            raise ConfigError(t.key("socket_mode"), f"must be within 0000..0777; got {mode!r}")
+            socket_mode = t.invalid("socket_mode", f"must be within 0000..0777; got {shown(mode)}", cls.socket_mode)
         max_message_bytes = t.int("max_message_bytes", cls.max_message_bytes, min=16 * MIB, max=2**31 - 1)
         # The budgets' defaults hold two messages of the largest size per connection and
         # two connections' worth in all; explicit values must hold at least one message.
@@ -118,7 +119,7 @@ class LogConfig:
     def from_table(cls, t: Table) -> "LogConfig":
         file = t.str("file", cls.file)
         if file and not file.startswith("/"):
-            raise ConfigError(t.key("file"), f"must be an absolute path or empty; got {file!r}")
+            file = t.invalid("file", f"must be an absolute path or empty; got {shown(file)}", cls.file)
         cfg = cls(file=file, level=t.str("level", cls.level, choices=LOG_LEVELS),
                   stderr=t.bool("stderr", cls.stderr))
         t.finish()
@@ -162,8 +163,8 @@ class CgroupsConfig:
             try:
                 parse_root(root)
             except InvalidCgroupPath as e:
-                raise ConfigError(t.key("kubelet_cgroup_root"), f"must be \"auto\" or the kubelet's "
-                                                                f"--cgroup-root (\"/\", \"/custom\"): {e}") from None
+                root = t.invalid("kubelet_cgroup_root", f"must be \"auto\" or the kubelet's --cgroup-root "
+                                                        f"(\"/\", \"/custom\"): {e}", cls.kubelet_cgroup_root)
         cfg = cls(kubelet_cgroup_root=root,
                   kubelet_cgroup_driver=t.str("kubelet_cgroup_driver", cls.kubelet_cgroup_driver,
                                               choices=("auto", "cgroupfs", "systemd")),
@@ -208,10 +209,11 @@ class MetricsConfig:
             try:
                 host, _ = split_host_port(listen)
             except ValueError as e:
-                raise ConfigError(t.key("listen"), str(e)) from None
-            if not allow_remote and not is_loopback(host):
-                raise ConfigError(t.key("listen"), f"{host} is not a loopback address; metrics stay on this "
-                                                   f"node unless metrics.allow_remote = true")
+                listen = t.invalid("listen", str(e), cls.listen)
+            else:
+                if not allow_remote and not is_loopback(host):
+                    listen = t.invalid("listen", f"{host} is not a loopback address; metrics stay on this node "
+                                                 f"unless metrics.allow_remote = true", cls.listen)
         cfg = cls(listen=listen, allow_remote=allow_remote)
         t.finish()
         return cfg
@@ -224,16 +226,16 @@ def split_host_port(text: str) -> Tuple[str, int]:
     a free port (tests)."""
     host, sep, port = text.rpartition(":")
     if not sep or not host:
-        raise ValueError(f"must be \"host:port\", e.g. \"127.0.0.1:9464\"; got {text!r}")
+        raise ValueError(f"must be \"host:port\", e.g. \"127.0.0.1:9464\"; got {shown(text)}")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if host != "localhost":
         try:
             ipaddress.ip_address(host)
         except ValueError:
-            raise ValueError(f"host must be an IP address or localhost; got {host!r}") from None
+            raise ValueError(f"host must be an IP address or localhost; got {shown(host)}") from None
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"port must be a number in 0..65535; got {port!r}")
+        raise ValueError(f"port must be a number in 0..65535; got {shown(port)}")
     return host, int(port)
 
 
@@ -272,7 +274,9 @@ class HooksConfig:
             if name in ("budget_seconds", "failure_policy", "skip_keys"):
                 continue
             if name not in HOOK_NAMES:
-                raise ConfigError(t.key(name), f"unknown key (hooks are {', '.join(HOOK_NAMES)})")
+                known = HOOK_NAMES + ("budget_seconds", "failure_policy", "skip_keys")
+                t.invalid(name, f"unknown key (hooks are {', '.join(HOOK_NAMES)})" + did_you_mean(name, known))
+                continue
             per_hook[name] = _hook_settings(t.table(name), default, finish=True)
         t.finish()
         return cls(default=default, per_hook=per_hook, skip_keys=skip_keys)
@@ -312,30 +316,37 @@ class Config:
         from anolisnuma.policies.qos.config import QosConfig
 
         root = Table(data)
-        cfg = cls(
-            server=ServerConfig.from_table(root.table("server")),
-            runtime=RuntimeConfig.from_table(root.table("runtime")),
-            log=LogConfig.from_table(root.table("log")),
-            paths=PathsConfig.from_table(root.table("paths")),
-            cgroups=CgroupsConfig.from_table(root.table("cgroups")),
-            hooks=HooksConfig.from_table(root.table("hooks")),
-            admin=AdminConfig.from_table(root.table("admin")),
-            metrics=MetricsConfig.from_table(root.table("metrics")),
-            qos=QosConfig.from_table(root.table("qos")),
-            numa=NumaConfig.from_table(root.table("numa")),
-            kubernetes=KubernetesConfig.from_table(root.table("kubernetes")),
-            nri=NriConfig.from_table(root.table("nri")),
-            source=source,
-        )
-        root.finish()
-        if cfg.server.listen == cfg.runtime.endpoint:
-            raise ConfigError("server.listen", "must differ from runtime.endpoint")
-        if cfg.admin.socket in (cfg.server.listen, cfg.runtime.endpoint):
-            raise ConfigError("admin.socket", "must differ from server.listen and runtime.endpoint "
-                                              "(the admin socket is anolisnuma's own, root only)")
+
+        def section(name: str, reader: Any) -> Any:
+            # A section that stops at an error (a required key missing) is noted, and
+            # the next one read: every section's errors are named in one run.
+            try:
+                return reader(root.table(name))
+            except ConfigError as e:
+                root.errors.add(e)
+                return None
+
+        cfg = cls(**{name: section(name, reader) for name, reader in (
+            ("server", ServerConfig.from_table), ("runtime", RuntimeConfig.from_table),
+            ("log", LogConfig.from_table), ("paths", PathsConfig.from_table),
+            ("cgroups", CgroupsConfig.from_table), ("hooks", HooksConfig.from_table),
+            ("admin", AdminConfig.from_table), ("metrics", MetricsConfig.from_table),
+            ("qos", QosConfig.from_table), ("numa", NumaConfig.from_table),
+            ("kubernetes", KubernetesConfig.from_table), ("nri", NriConfig.from_table))}, source=source)
+        # Compared only when neither side was wrong (a wrong one reads as its default).
+        errors = root.errors
+        if not any(errors.in_section(s) for s in ("server", "runtime")):
+            if cfg.server.listen == cfg.runtime.endpoint:
+                errors.add(ConfigError("server.listen", "must differ from runtime.endpoint"))
+        if not any(errors.in_section(s) for s in ("server", "runtime", "admin")):
+            if cfg.admin.socket in (cfg.server.listen, cfg.runtime.endpoint):
+                errors.add(ConfigError("admin.socket", "must differ from server.listen and runtime.endpoint "
+                                                       "(the admin socket is anolisnuma's own, root only)"))
+        root.finish()   # raises every error noted
         return cfg
 
     @classmethod
     def load(cls, path: str) -> "Config":
-        """Read and validate ``path``; raises :class:`ConfigError` naming the bad key."""
+        """Read and validate ``path``; raises :class:`ConfigError` naming the bad key, or
+        :class:`~anolisnuma.configfile.ConfigErrors` naming each of several."""
         return cls.from_dict(load_toml(path), source=path)

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Tuple
 
-from anolisnuma.configfile import ConfigError, Table
+from anolisnuma.configfile import Table, shown
 
 TOPOLOGY_MANAGER_POLICIES: Tuple[str, ...] = ("none", "best-effort", "restricted", "single-numa-node")
 TOPOLOGY_MANAGER_SCOPES: Tuple[str, ...] = ("container", "pod")
@@ -59,10 +59,10 @@ class KubernetesConfig:
     def from_table(cls, t: Table) -> "KubernetesConfig":
         kubeconfig = t.str("kubeconfig", "")
         if kubeconfig and not kubeconfig.startswith("/"):
-            raise ConfigError(t.key("kubeconfig"), f"must be an absolute path or empty; got {kubeconfig!r}")
+            kubeconfig = t.invalid("kubeconfig", f"must be an absolute path or empty; got {shown(kubeconfig)}", "")
         node_name = t.str("node_name", "")
         if node_name != node_name.strip():
-            raise ConfigError(t.key("node_name"), "must not start or end with whitespace")
+            node_name = t.invalid("node_name", "must not start or end with whitespace", "")
         cfg = cls(
             kubeconfig=kubeconfig,
             node_name=node_name,
@@ -83,8 +83,8 @@ class KubernetesConfig:
 
 def _namespaces(t: Table, key: str) -> List[str]:
     names = t.str_list(key, [])
-    for name in names:
-        if not _NAMESPACE.match(name):
-            raise ConfigError(t.key(key), f"{name!r} is not a namespace name (a DNS label: lowercase letters, "
-                                          "digits and '-', at most 63; no patterns)")
-    return sorted(set(names))
+    wrong = [name for name in names if not _NAMESPACE.match(name)]
+    if wrong:   # one error for the list (a list of a thousand wrong names is one mistake)
+        t.invalid(key, f"{shown(wrong[0])} is not a namespace name (a DNS label: lowercase letters, digits and "
+                       "'-', at most 63; no patterns)" + (f"; nor are {len(wrong) - 1} more" if len(wrong) > 1 else ""))
+    return sorted(set(names) - set(wrong))

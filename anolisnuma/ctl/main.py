@@ -9,21 +9,26 @@
     anolisnuma-ctl kubeconfig --server URL --ca FILE --token-file FILE [--check]
 
 The daemon is reached on its admin socket: ``--admin-socket PATH``, else ``[admin] socket``
-of the configuration file (``-c``, default /etc/anolisnuma/config.toml) when it can be read,
-else /var/run/anolisnuma/admin.sock. Tables by default, ``-o json`` for scripts. Exit codes:
-0 done, 1 the daemon could not be asked or refused, 2 bad usage.
+of the configuration file (``-c``, default /etc/anolisnuma/config.toml), else (no default
+file, or one this user may not read) /var/run/anolisnuma/admin.sock. A file that is not a
+valid configuration is refused, named with ``-c`` or not: no daemon can have started from
+it as it is, so the socket it names, or the default one, may be another daemon's (a
+reload of it was refused, a second daemon has the default); a named file that is missing
+is refused too. Tables by default, ``-o json`` for scripts. Exit codes: 0 done, 1 the
+daemon could not be asked or refused, 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from anolisnuma import __version__
-from anolisnuma.config import AdminConfig
-from anolisnuma.configfile import UNIX_PREFIX, ConfigError, load_toml
+from anolisnuma.config import AdminConfig, Config
+from anolisnuma.configfile import UNIX_PREFIX, ConfigError, ConfigErrors
 from anolisnuma.ctl import render
 from anolisnuma.ctl.client import CtlError, ask
 from anolisnuma.ctl.table import printable
@@ -79,24 +84,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def admin_socket(args: argparse.Namespace) -> str:
     """The admin socket to use: ``--admin-socket``, else ``[admin] socket`` of the
-    configuration, else the default. CtlError when the configuration turns it off, or a
-    configuration named with ``-c`` cannot be read."""
+    configuration, else the default. CtlError when the configuration turns it off, is not
+    valid (every error the daemon would name counts: see the module's docstring), or was
+    named with ``-c`` and cannot be read."""
     if args.admin_socket:
         return _strip_unix(args.admin_socket)
     path = args.config or DEFAULT_CONFIG
+    # No default file: the daemon was started from another, or with the packaged defaults.
+    # One this user may not read: not root, and the admin socket is root's (ask() says so).
+    if args.config is None and (not os.path.lexists(path) or not os.access(path, os.R_OK)):
+        return AdminConfig.socket
     try:
-        data = load_toml(path)
+        socket = Config.load(path).admin.socket
     except ConfigError as e:
-        if args.config is None:   # no default file, or one this user cannot read: the default
-            return AdminConfig.socket
-        raise CtlError(str(e)) from None
-    section = data.get("admin", {})
-    value = section.get("socket", AdminConfig.socket) if isinstance(section, dict) else AdminConfig.socket
-    if not isinstance(value, str):
-        raise CtlError(f"{path}: admin.socket must be a string")
-    if not value:
+        raise CtlError(_refusal(path, e)) from None
+    if not socket:
         raise CtlError(f"the admin socket is turned off in {path} ([admin] socket = \"\")")
-    return _strip_unix(value)
+    return socket
+
+
+def _refusal(path: str, e: ConfigError) -> str:
+    more = len(e.errors) + e.more - 1 if isinstance(e, ConfigErrors) else 0
+    also = f" (and {more} more; anolisnuma --check-config -c {path} lists them)" if more else ""
+    if not e.key:   # unreadable, not TOML: the error names the file itself
+        return f"{e}; pass --admin-socket PATH to ask a daemon anyway"
+    return (f"{path} is not a valid configuration, so which daemon it names is not known: {e.lines()[0]}{also}; "
+            f"pass --admin-socket PATH to ask a daemon anyway")
 
 
 def _strip_unix(path: str) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from anolisnuma.configfile import ConfigError, Table
+from anolisnuma.configfile import Table, shown
 
 
 @dataclass
@@ -37,9 +37,11 @@ class NriConfig:
         )
         name = cfg.plugin_name
         if not name or len(name) > 63 or not all(c.isascii() and (c.isalnum() or c in "-_.") for c in name):
-            raise ConfigError(t.key("plugin_name"), f"must be 1-63 of [A-Za-z0-9._-]; got {name!r}")
+            cfg.plugin_name = t.invalid("plugin_name", f"must be 1-63 of [A-Za-z0-9._-]; got {shown(name)}",
+                                        cls.plugin_name)
         idx = cfg.plugin_index
         if len(idx) != 2 or not idx.isascii() or not idx.isdigit():
-            raise ConfigError(t.key("plugin_index"), f"must be two digits (containerd orders plugins by it); got {idx!r}")
+            cfg.plugin_index = t.invalid("plugin_index", "must be two digits (containerd orders plugins by it); "
+                                                         f"got {shown(idx)}", cls.plugin_index)
         t.finish()
         return cfg

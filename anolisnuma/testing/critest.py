@@ -272,6 +272,32 @@ def regressions(direct: Results, proxied: Results) -> List[str]:
     return sorted(n for n, r in direct.items() if outcome(r) == "passed" and outcome(proxied.get(n)) != "passed")
 
 
+def failing_directly(direct: Results, proxied: Results) -> List[str]:
+    """The lines that say, before a table's "failed" counts, which specs fail on containerd
+    itself and how each fared through the daemon: a reader of a green run's "failed 5"
+    otherwise cannot tell them from a regression. The gate does not count them (it fails
+    on a spec that passes directly and not through the daemon); why each fails here is in
+    docs/conformance.md."""
+    failed = [n for n in sorted(direct) if outcome(direct[n]) == "failed"]
+    if not failed:
+        return []
+    alike = all(outcome(proxied.get(n)) == "failed" for n in failed)
+    head = (f"{len(failed)} spec(s) fail on containerd itself" + (", and the same through the daemon" if alike else "")
+            + ": expected here (why each: docs/conformance.md, \"Failing every way\"); the gate fails only on a spec that passes "
+              "directly and not through the daemon")
+    return [head] + [f"- {short_spec(n)}" + ("" if outcome(proxied.get(n)) == "failed"
+                                             else f" (through the daemon: {outcome(proxied.get(n))})")
+                     for n in failed]
+
+
+def short_spec(name: str) -> str:
+    """A spec's name without the tags every one of them has."""
+    for tag in ("[k8s.io] ", "[sig-node] "):
+        if name.startswith(tag):
+            name = name[len(tag):]
+    return name[:-len(" [Conformance]")] if name.endswith(" [Conformance]") else name
+
+
 # --------------------------------------------------------------------------- the lab
 
 ConfigMaker = Callable[[str, str, str, str], Dict[str, Any]]   # (workdir, backend, listen, admin) -> config

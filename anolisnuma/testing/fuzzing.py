@@ -99,9 +99,10 @@ PARSERS: Dict[str, Parser] = {p.name: p for p in (
            "root (the kubeconfig and the files it names)",
            "kubeconfig YAML with hostile contexts, servers, users, file names; token files as bytes",
            2 * MIB, 256, 30, 90.0),
-    Parser("config", "config.py Config.load (configfile.py load_toml, Table)", "ConfigError",
+    Parser("config", "config.py Config.load (configfile.py load_toml, Table)", "ConfigError (ConfigErrors: several)",
            "root (the configuration file)",
-           "TOML text of the real sections and keys with values of every type, huge, deep, odd; any text",
+           "TOML text of the real sections and keys with values of every type, huge, deep, odd; any text; "
+           "files of 100,000 errors (unknown keys and tables, escape codes in keys)",
            2 * MIB, 256, 30, 90.0),
     Parser("kubelet-state", "system/kubelet_state.py parse_cpu_manager_state, read_cpu_manager_state",
            "KubeletStateError", "the kubelet (cpu_manager_state)",

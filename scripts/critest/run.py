@@ -297,6 +297,11 @@ def write_summary(args: argparse.Namespace, version: str, containerd: str, modes
         lines.append(f"| {m} | {n['passed']} | {n['failed']} | {n['skipped']} |")
     base = modes[0]
     differ = [n for n in names if any(outcome(runs[base].get(n)) != outcome(runs[m].get(n)) for m in modes[1:])]
+    same_fail = [n for n in names if n not in differ and outcome(runs[base].get(n)) == "failed"]
+    if same_fail:   # what a "failed" count above is, before anyone reads it as the proxy's
+        lines += ["", f"({len(same_fail)} of the failures fail alike in every run, {base} included: the runtime's "
+                      f"or the stand-in images', listed under \"Failing in every run\"; a difference is in the next "
+                      f"section.)"]
     lines += ["", f"## Specs whose result differs ({len(differ)})", ""]
     if differ:
         lines += ["| spec | " + " | ".join(modes) + " | rechecks (" + ", ".join(MODES) + ") |",
@@ -316,7 +321,6 @@ def write_summary(args: argparse.Namespace, version: str, containerd: str, modes
                     lines.append("  ```\n  " + r["failure"].replace("\n", "\n  ")[:3000] + "\n  ```")
                 for pl in runner.proxy_lines(m, r["start"], r["end"])[:20]:
                     lines.append(f"  - proxy {pl}")
-    same_fail = [n for n in names if n not in differ and outcome(runs[base].get(n)) == "failed"]
     lines += ["", f"## Failing in every run ({len(same_fail)}): the runtime or the stand-in images", "",
               "| spec | the failure (direct), shortened |", "|---|---|"]
     for n in same_fail:

@@ -58,6 +58,79 @@ def test_a_configuration_that_turns_the_socket_off_or_cannot_be_read_is_one_line
     assert code == 1 and err.startswith("anolisnuma-ctl: cannot read configuration file") and err.count("\n") == 1
 
 
+def test_a_file_that_is_no_valid_configuration_is_refused_not_read_as_the_default_socket(tmp_path, monkeypatch):
+    """The issue's case: `[admin] sockt = ...` (a typo) read as "no socket key", so the
+    default socket, which may be another daemon's. Any error the daemon would refuse the
+    file for counts: no daemon can have started from it as it is."""
+    conf = tmp_path / "config.toml"
+    hint = "; pass --admin-socket PATH to ask a daemon anyway\n"
+    # given a named file with a typo in [admin]
+    conf.write_text('[admin]\nsockt = "/run/x/admin.sock"\n')
+    # then it is refused, naming the error and what was meant, before any socket is asked
+    code, out, err = run("-c", str(conf), "status")
+    assert (code, out) == (1, "")
+    assert err == (f"anolisnuma-ctl: {conf} is not a valid configuration, so which daemon it names is not known: "
+                   f"admin.sockt: unknown key (did you mean socket?)" + hint)
+    # and so is one with errors elsewhere, counted; and the default file when it is invalid
+    conf.write_text('[admin]\nsocket = "/run/x/admin.sock"\n[log]\nlevel = "loud"\n[servr]\n')
+    monkeypatch.setattr(ctl, "DEFAULT_CONFIG", str(conf))
+    code, _, err = run("pods")
+    assert code == 1 and err == (f"anolisnuma-ctl: {conf} is not a valid configuration, so which daemon it names is "
+                                 f"not known: log.level: must be one of debug, info, warning, error; got 'loud' "
+                                 f"(and 1 more; anolisnuma --check-config -c {conf} lists them)" + hint)
+    # and --admin-socket still reaches a daemon, whatever the file says
+    assert socket_for("-c", str(conf), "--admin-socket", "/run/y.sock") == "/run/y.sock"
+
+
+def test_a_hostile_configuration_is_one_short_line(tmp_path):
+    conf = tmp_path / "config.toml"
+    # given a file of 100,000 unknown keys, one with a terminal's escape codes, one that is not UTF-8
+    conf.write_text("[admin]\n" + "".join(f"k{i}=1\n" for i in range(100_000)))
+    code, _, err = run("-c", str(conf), "status")
+    assert code == 1 and err.count("\n") == 1 and "admin.k0: unknown key (and 99999 more;" in err
+    conf.write_text('[admin]\n"\\u001b[2J\\u001b]0;x\\u0007" = 1\nsocket = "/run/\\u001b[31m"\n')
+    code, _, err = run("-c", str(conf), "status")
+    assert code == 1 and err.count("\n") == 1 and "\x1b" not in err and "\x07" not in err
+    assert "'admin.\\x1b[2J\\x1b]0;x\\x07': unknown key" in err
+    conf.write_bytes(b'[admin]\nsocket = "/run/\xff.sock"\n')
+    code, _, err = run("-c", str(conf), "status")
+    assert code == 1 and err.count("\n") == 1 and "is not UTF-8 text" in err
+
+
+def test_the_default_file_absent_or_unreadable_is_the_default_socket_and_a_named_one_is_refused(tmp_path,
+                                                                                                 monkeypatch):
+    """No default file: the daemon was started from another one or none, and the default
+    socket is the packaged daemon's. One this user may not read: not root, and the admin
+    socket is root's (asking says so). A file named with -c is what the operator meant:
+    missing, it is refused."""
+    monkeypatch.setattr(ctl, "DEFAULT_CONFIG", str(tmp_path / "absent.toml"))
+    assert socket_for() == "/var/run/anolisnuma/admin.sock"
+    code, _, err = run("-c", str(tmp_path / "absent.toml"), "status")
+    assert (code, err) == (1, f"anolisnuma-ctl: cannot read configuration file {tmp_path / 'absent.toml'}: "
+                              f"No such file or directory; pass --admin-socket PATH to ask a daemon anyway\n")
+    if os.geteuid() != 0:
+        return
+    secret = tmp_path / "root-only.toml"
+    secret.write_text('[admin]\nsocket = "/run/x/admin.sock"\n')
+    os.chmod(secret, 0o600)
+    os.chmod(tmp_path, 0o755)
+    monkeypatch.setattr(ctl, "DEFAULT_CONFIG", str(secret))
+    assert socket_for() == "/run/x/admin.sock"
+    assert _as_nobody(lambda: (0, "", socket_for())) == (0, "/var/run/anolisnuma/admin.sock")
+
+
+def test_the_process_refuses_an_invalid_file_with_exit_1(tmp_path):
+    """The real process (``python -m anolisnuma.ctl.main``): stderr and exit status."""
+    conf = tmp_path / "config.toml"
+    conf.write_text("admin = 1\n")
+    proc = subprocess.run([sys.executable, "-m", "anolisnuma.ctl.main", "-c", str(conf), "numa"], capture_output=True,
+                          text=True, cwd=REPO, timeout=30)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (f"anolisnuma-ctl: {conf} is not a valid configuration, so which daemon it names is not "
+                           f"known: admin: must be a table, not an integer; pass --admin-socket PATH to ask a daemon "
+                           f"anyway\n")
+
+
 # ---------------------------------------------------------------- errors and exit codes
 
 def test_no_daemon_is_one_line_and_exit_1(sockdir):

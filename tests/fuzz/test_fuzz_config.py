@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from anolisnuma.config import Config
-from anolisnuma.configfile import CONFIG_MAX_BYTES, ConfigError
+from anolisnuma.configfile import CONFIG_MAX_BYTES, ERRORS_LISTED, ConfigError, ConfigErrors
 from anolisnuma.testing.fuzzing import assert_linear, fuzz_settings, outcome
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -88,15 +88,22 @@ def test_a_file_past_the_limit_is_refused(config_path):
     assert "larger than 1 MiB" in str(error)
 
 
-@fuzz_settings(3)
-@given(st.sampled_from(["comments", "skip_keys", "pins"]))
+@fuzz_settings(6)
+@given(st.sampled_from(["comments", "skip_keys", "pins", "unknown_keys", "unknown_tables", "wrong_pins"]))
 def test_time_is_linear_in_the_file(config_path, shape):
-    # given a configuration with n comment lines, n skip keys or n pins
+    # given a configuration with n comment lines, n skip keys or n pins; or n errors, each
+    # noted (the first ERRORS_LISTED with a "did you mean" search, the rest counted)
     def make(n):
         if shape == "comments":
             return "\n".join(SHIPPED) + "\n" + "# a comment\n" * n
         if shape == "skip_keys":
             return "[hooks]\nskip_keys = [" + ", ".join(f'"k{i}"' for i in range(n)) + "]\n"
+        if shape == "unknown_keys":
+            return "[server]\n" + "".join(f"max_connection{i} = 1\n" for i in range(n))
+        if shape == "unknown_tables":
+            return "".join(f"[serve{i}]\n" for i in range(n))
+        if shape == "wrong_pins":
+            return "".join(f'[[numa.pin]]\nnamespace = ""\nnodes = [{i}, {i}]\nnam = 1\n' for i in range(n))
         return "".join(f'[[numa.pin]]\nnamespace = "n{i}"\nname = "*"\nnodes = [0]\n' for i in range(n))
 
     def run(text):
@@ -105,3 +112,16 @@ def test_time_is_linear_in_the_file(config_path, shape):
         except ConfigError:
             pass
     assert_linear("config", make, run, small=20)
+
+
+@pytest.mark.parametrize("line,n", [("k{i}=1\n", 100_000), ("[t{i}]\n", 100_000),
+                                    ('"\\u001b{i}"=0\n', 60_000)])   # (60,000 of these fill the 1 MiB)
+def test_a_hundred_thousand_errors_are_listed_to_the_cap_and_counted(config_path, line, n):
+    # given a file of 100,000 unknown keys or tables, or keys with a terminal's escape code
+    text = "".join(line.format(i=i) for i in range(n))
+    # when it is read
+    _, error = outcome("config", lambda: load(config_path, text), OWN, size=len(text))
+    # then the first ERRORS_LISTED are listed and the rest counted, every one of them
+    assert isinstance(error, ConfigErrors)
+    assert (len(error.errors), error.more) == (ERRORS_LISTED, n - ERRORS_LISTED)
+    assert len(error.lines()) == ERRORS_LISTED + 1 and all(len(x) < 200 for x in error.lines())

@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
-from anolisnuma.configfile import ConfigError, Table
+from anolisnuma.configfile import ConfigError, Table, shown
 from anolisnuma.policies.numa.balance import MEMORY_POLICIES, MEMORY_WIDEN
 from anolisnuma.policies.numa.respread import RespreadConstraints
 from anolisnuma.policies.numa.rules import PinSpec
@@ -155,10 +155,10 @@ class NumaConfig:
         patterns = _patterns(t, "pod_name_patterns")
         rules_dir = t.str("rules_dir", "")
         if rules_dir and not rules_dir.startswith("/"):
-            raise ConfigError(t.key("rules_dir"), f"must be an absolute path or empty; got {rules_dir!r}")
+            rules_dir = t.invalid("rules_dir", f"must be an absolute path or empty; got {shown(rules_dir)}", "")
         node_name = t.str("node_name", "")
         if node_name != node_name.strip():
-            raise ConfigError(t.key("node_name"), "must not start or end with whitespace")
+            node_name = t.invalid("node_name", "must not start or end with whitespace", "")
         cfg = cls(
             enabled=t.bool("enabled", False),
             namespaces=namespaces,
@@ -179,35 +179,46 @@ def _patterns(t: Table, name: str) -> List[str]:
     values = t.str_list(name, [])
     for i, v in enumerate(values):
         if not v.strip():
-            raise ConfigError(f"{t.key(name)}[{i}]", "must not be empty")
-    return values
+            t.errors.add(ConfigError(f"{t.key(name)}[{i}]", "must not be empty"))
+    return [v for v in values if v.strip()]
 
 
 def _pins(t: Table) -> Tuple[PinSpec, ...]:
     raw: Any = t.raw("pin", [])
     if not isinstance(raw, list):
-        raise ConfigError(t.key("pin"), "must be an array of tables ([[numa.pin]])")
+        return t.invalid("pin", "must be an array of tables ([[numa.pin]])", ())
     out = []
     for i, item in enumerate(raw):
         key = f"{t.key('pin')}[{i}]"
         if not isinstance(item, dict):
-            raise ConfigError(key, "must be a table")
-        pt = Table(item, key)
-        namespace = pt.str("namespace", "*")
-        name = pt.str("name")
-        if not namespace.strip():
-            raise ConfigError(pt.key("namespace"), "must not be empty")
-        if not name.strip():
-            raise ConfigError(pt.key("name"), "must not be empty")
-        nodes = pt.raw("nodes")
-        if (not isinstance(nodes, list) or not nodes
-                or not all(isinstance(n, int) and not isinstance(n, bool) for n in nodes)):
-            raise ConfigError(pt.key("nodes"), "must be a non-empty list of NUMA node ids (integers)")
-        for n in nodes:
-            if not 0 <= n <= MAX_NODE_ID:
-                raise ConfigError(pt.key("nodes"), f"NUMA node ids must be in 0..{MAX_NODE_ID}; got {n}")
-        if len(set(nodes)) != len(nodes):
-            raise ConfigError(pt.key("nodes"), "lists a node twice")
-        pt.finish()
-        out.append(PinSpec(namespace=namespace, name=name, nodes=tuple(sorted(nodes)), key=key))
+            t.errors.add(ConfigError(key, "must be a table"))
+            continue
+        pin = _pin(t.child(item, key), key)   # a wrong pin is noted and left out
+        if pin is not None:
+            out.append(pin)
     return tuple(out)
+
+
+def _pin(pt: Table, key: str) -> Optional[PinSpec]:
+    errors = len(pt.errors.listed) + pt.errors.more
+    namespace = pt.str("namespace", "*")
+    name = pt.str("name", None)   # None: absent, or not a string (noted)
+    if not namespace.strip():
+        pt.invalid("namespace", "must not be empty")
+    if not pt.has("name"):
+        pt.invalid("name", "is required")
+    elif name is not None and not name.strip():
+        pt.invalid("name", "must not be empty")
+    nodes = pt.raw("nodes", None)
+    if (not isinstance(nodes, list) or not nodes
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in nodes)):
+        pt.invalid("nodes", "is required" if nodes is None else "must be a non-empty list of NUMA node ids (integers)")
+    elif not all(0 <= n <= MAX_NODE_ID for n in nodes):
+        wrong = next(n for n in nodes if not 0 <= n <= MAX_NODE_ID)
+        pt.invalid("nodes", f"NUMA node ids must be in 0..{MAX_NODE_ID}; got {shown(wrong)}")
+    elif len(set(nodes)) != len(nodes):
+        pt.invalid("nodes", "lists a node twice")
+    pt.finish()
+    if len(pt.errors.listed) + pt.errors.more != errors:
+        return None
+    return PinSpec(namespace=namespace, name=name, nodes=tuple(sorted(nodes)), key=key)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Dict, Set
+from typing import Dict, Optional, Set
 
-from anolisnuma.configfile import ConfigError, Table
+from anolisnuma.configfile import Table, did_you_mean, shown
 from anolisnuma.policies.qos.levels import LEVELS, QosLevel
 from anolisnuma.system import knobs
 from anolisnuma.system.cgroups import KubeQosClass
@@ -102,8 +102,8 @@ class QosConfig:
         d = cls()
         interval = t.float("reconcile_interval_seconds", d.reconcile_interval_seconds, min=0, max=3600)
         if 0 < interval < 1:
-            raise ConfigError(t.key("reconcile_interval_seconds"),
-                              f"must be 0 (off) or in 1..3600; got {interval}")
+            interval = t.invalid("reconcile_interval_seconds", f"must be 0 (off) or in 1..3600; got {interval}",
+                                 d.reconcile_interval_seconds)
         cfg = cls(
             enabled=t.bool("enabled", d.enabled),
             dry_run=t.bool("dry_run", d.dry_run),
@@ -120,19 +120,19 @@ class QosConfig:
         return cfg
 
 
-def _level_value(t: Table, name: str) -> QosLevel:
-    raw = t.str(name)
+def _level_value(t: Table, name: str, default: QosLevel) -> QosLevel:
+    raw = t.str(name, default.value)
     level = QosLevel.parse(raw)
     if level is None:
-        raise ConfigError(t.key(name), f"must be one of {', '.join(LEVELS)}; got {raw!r}")
+        return t.invalid(name, f"must be one of {', '.join(LEVELS)}; got {shown(raw)}" + did_you_mean(raw, LEVELS),
+                         default)
     return level
 
 
 def _kube_mapping(t: Table, default: Dict[KubeQosClass, QosLevel]) -> Dict[KubeQosClass, QosLevel]:
     out = dict(default)
     for cls in KubeQosClass:
-        if t.has(cls.value):
-            out[cls] = _level_value(t, cls.value)
+        out[cls] = _level_value(t, cls.value, out[cls])
     t.finish()
     return out
 
@@ -143,17 +143,19 @@ def _per_level(t: Table, default: Dict[QosLevel, int], valid: knobs.ValueRange) 
     seen: Set[QosLevel] = set()
     for key in t.keys():
         level = _level_key(t, key, seen)
-        out[level] = t.int(key, min=valid.low, max=valid.high)
+        if level is not None:
+            out[level] = t.int(key, out[level], min=valid.low, max=valid.high)
     t.finish()
     return out
 
 
-def _level_key(t: Table, key: str, seen: Set[QosLevel]) -> QosLevel:
+def _level_key(t: Table, key: str, seen: Set[QosLevel]) -> Optional[QosLevel]:
+    """The level ``key`` names, or None when it names none or one named before (noted)."""
     level = QosLevel.parse(key)
     if level is None or key.strip() != key:
-        raise ConfigError(t.key(key), f"unknown QoS level; expected one of {', '.join(LEVELS)}")
+        return t.invalid(key, f"unknown QoS level; expected one of {', '.join(LEVELS)}" + did_you_mean(key, LEVELS))
     if level in seen:
-        raise ConfigError(t.key(key), f"level {level.value} given twice")
+        return t.invalid(key, f"level {level.value} given twice")
     seen.add(level)
     return level
 
@@ -209,14 +211,14 @@ def _resctrl(t: Table) -> ResctrlConfig:
     d = ResctrlConfig()
     prefix = t.str("group_prefix", d.group_prefix)
     if not _PREFIX_RE.fullmatch(prefix) or prefix.lower() in ("info", "mon_data", "mon_groups"):
-        raise ConfigError(t.key("group_prefix"),
-                          "must be 1-32 letters, digits, '_' or '-', starting with a letter or digit; "
-                          f"got {prefix!r}")
+        prefix = t.invalid("group_prefix", "must be 1-32 letters, digits, '_' or '-', starting with a letter or "
+                                           f"digit; got {shown(prefix)}", d.group_prefix)
     classes = dict(d.classes)
     ct = t.table("classes")
     for key in ct.keys():
         if key not in LLC_CLASSES:
-            raise ConfigError(ct.key(key), f"unknown class; expected one of {', '.join(LLC_CLASSES)}")
+            ct.invalid(key, f"unknown class; expected one of {', '.join(LLC_CLASSES)}" + did_you_mean(key, LLC_CLASSES))
+            continue
         classes[key] = _resctrl_class(ct.table(key), classes[key])
     ct.finish()
     default = dict(d.default)
@@ -224,9 +226,11 @@ def _resctrl(t: Table) -> ResctrlConfig:
     seen: Set[QosLevel] = set()
     for key in dt.keys():
         level = _level_key(dt, key, seen)
-        value = dt.str(key)
+        if level is None:
+            continue
+        value = dt.str(key, default[level])
         if value.lower() not in LLC_CLASSES:
-            raise ConfigError(dt.key(key), f"must be one of {', '.join(LLC_CLASSES)}; got {value!r}")
+            value = dt.invalid(key, f"must be one of {', '.join(LLC_CLASSES)}; got {shown(value)}", default[level])
         default[level] = value.lower()
     dt.finish()
     cfg = ResctrlConfig(enabled=t.bool("enabled", d.enabled), group_prefix=prefix,
