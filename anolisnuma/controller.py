@@ -32,6 +32,10 @@ class Controller:
     # The daemon makes a first pass before the loop starts (and before it reports the
     # start-up resync done), so that e.g. placements adopted at start are applied first.
     run_at_start = False
+    # Once woken, wait this long for more wake-ups before the pass (0: pass at once): a
+    # writer woken by every change of a pod start then writes once for all of them, not
+    # once per change with a thread switch each (:meth:`hurry` skips the wait).
+    gather_seconds = 0.0
 
     def __init__(self) -> None:
         self.runs = 0
@@ -39,6 +43,7 @@ class Controller:
         self.last_error = ""
         self.last_pass_seconds = 0.0
         self._wake = threading.Event()
+        self._hurry = threading.Event()
         self._stopping = False
         self._stopped = False
         self._thread: Optional[threading.Thread] = None
@@ -87,12 +92,19 @@ class Controller:
         self._thread.start()
 
     def wake(self) -> None:
-        """Make a pass now rather than at the end of the interval."""
+        """Make a pass now rather than at the end of the interval (after
+        ``gather_seconds``, when set)."""
+        self._wake.set()
+
+    def hurry(self) -> None:
+        """Make a pass now, without the ``gather_seconds`` wait (someone waits for it)."""
+        self._hurry.set()
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         """End the loop (a pass in progress finishes first), then :meth:`closed`. Idempotent."""
         self._stopping = True
+        self._hurry.set()
         self._wake.set()
         thread, self._thread = self._thread, None
         if thread is not None:
@@ -123,7 +135,10 @@ class Controller:
         while True:
             wait = self.wait_seconds()
             self._wake.wait(wait if wait > 0 else None)
+            if self.gather_seconds > 0 and self._wake.is_set():
+                self._hurry.wait(self.gather_seconds)
             self._wake.clear()
+            self._hurry.clear()
             if self._stopping:
                 return
             self.step()

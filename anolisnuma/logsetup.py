@@ -1,17 +1,22 @@
 """Structured JSON logs: one JSON object per line, written off the event loop.
 
 - The thread that logs (the relay's event loop, mostly) only renders its line (structlog,
-  JSON) and puts it on a bounded queue; a writer thread (logging.handlers.QueueListener)
-  writes it. A slow disk or a full journald pipe never blocks the caller: when the queue
-  is full the line is dropped and counted, and the count is reported in a later line
-  (``"log lines dropped"``, field ``dropped``).
+  JSON) and appends it to a bounded queue of lines (:mod:`anolisnuma.logwriter`); a writer
+  thread writes what has queued up, in one write per destination. A slow disk or a full
+  journald pipe never blocks the caller: when the queue is full the line is dropped and
+  counted, and the count is reported in a later line (``"log lines dropped"``, field
+  ``dropped``).
+- anolisnuma's own lines (structlog) go straight from the renderer to that queue: no stdlib
+  ``LogRecord``, no handler lock, no wake-up of the writer per line (it is woken when it
+  sleeps, once per burst). That is most of what a line cost on the kubelet's path (issue
+  34: 33 µs a line before, see docs/benchmarks.md).
 - Only the ``anolisnuma`` loggers follow ``[log] level``. Every other logger (hpack,
   asyncio, grpc...) is held at WARNING, and its lines are JSON lines too, with the same
   keys (``timestamp``, ``level``, ``logger``, ``message``).
 - One destination per line: the file when one is set, stderr when none is set or when
   asked (``stderr = true``), so journald and the file do not hold two copies.
-- The file is reopened when it was moved away (WatchedFileHandler: logrotate's ``create``
-  rotation works without a signal).
+- The file is reopened when it was moved away (checked once per batch: logrotate's
+  ``create`` rotation works without a signal).
 - :func:`shutdown` writes out every queued line and stops the writer (the CLI calls it on
   every exit path; it is also registered with atexit). :func:`flush` waits until the lines
   logged so far are written.
@@ -20,18 +25,16 @@
 from __future__ import annotations
 
 import atexit
-import datetime
 import json
 import logging
 import os
-import queue
 import sys
 import threading
-import time
-from logging.handlers import QueueHandler, QueueListener, WatchedFileHandler
 from typing import Any, List, Optional
 
 import structlog
+
+from anolisnuma.logwriter import FileOutput, LineQueue, StreamOutput, Writer, iso_utc
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -40,18 +43,15 @@ OWN_LOGGER = "anolisnuma"
 OTHERS_LEVEL = logging.WARNING
 # Lines waiting for the writer at most; past it new lines are dropped (and counted).
 QUEUE_LINES = 10000
-# A record whose message is a JSON line rendered by structlog carries this attribute.
-_RENDERED = "anolisnuma_rendered"
-_RENDERED_EXTRA = {_RENDERED: True}
 
 
 class _Pipeline:
-    """What :func:`configure` set up: the root logger's queue handler and the writer."""
+    """What :func:`configure` set up: the root logger's handler, the queue and its writer."""
 
-    def __init__(self, handler: "_DroppingQueueHandler", writer: "_Writer", outputs: List[logging.Handler]) -> None:
+    def __init__(self, handler: "_ForeignHandler", lines: LineQueue, writer: Writer) -> None:
         self.handler = handler
+        self.lines = lines
         self.writer = writer
-        self.outputs = outputs
 
 
 _current: Optional[_Pipeline] = None
@@ -69,18 +69,15 @@ def configure(level: str = "info", file: Optional[str] = None, stderr: bool = Fa
     """
     global _current, _atexit_registered
     numeric = _LEVELS[level]
-    outputs: List[logging.Handler] = []
+    outputs: List[Any] = []
     if file:
         os.makedirs(os.path.dirname(file) or ".", exist_ok=True)
-        outputs.append(WatchedFileHandler(file))
+        outputs.append(FileOutput(file))
     if stderr or not outputs:
-        outputs.append(logging.StreamHandler(sys.stderr))
-    for h in outputs:
-        h.setFormatter(_LineFormatter())
-    lines: "queue.Queue[Any]" = queue.Queue(maxsize=max(1, queue_lines))
-    handler = _DroppingQueueHandler(lines)
-    handler.setFormatter(_ForeignJsonFormatter())
-    writer = _Writer(lines, *outputs)
+        outputs.append(StreamOutput(sys.stderr))
+    lines = LineQueue(queue_lines)
+    handler = _ForeignHandler(lines)
+    writer = Writer(lines, outputs)
     with _lock:
         shutdown()
         root = logging.getLogger()
@@ -92,21 +89,16 @@ def configure(level: str = "info", file: Optional[str] = None, stderr: bool = Fa
         structlog.configure(
             processors=[
                 structlog.contextvars.merge_contextvars,
-                structlog.processors.add_log_level,
-                structlog.stdlib.add_logger_name,
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
-                _drop_none,
+                _fields,
                 structlog.processors.format_exc_info,
-                structlog.processors.EventRenamer("message"),
                 structlog.processors.JSONRenderer(sort_keys=False),
-                _as_rendered_record,
             ],
             wrapper_class=structlog.make_filtering_bound_logger(numeric),
-            logger_factory=structlog.stdlib.LoggerFactory(),
+            logger_factory=_LineLoggerFactory(lines),
             cache_logger_on_first_use=False,
         )
         writer.start()
-        _current = _Pipeline(handler, writer, outputs)
+        _current = _Pipeline(handler, lines, writer)
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
@@ -115,14 +107,7 @@ def configure(level: str = "info", file: Optional[str] = None, stderr: bool = Fa
 def flush(timeout: float = 5.0) -> bool:
     """Wait until every line logged before this call is written (False after ``timeout``)."""
     pipeline = _current
-    if pipeline is None:
-        return True
-    token = _FlushToken()
-    try:
-        pipeline.handler.queue.put(token, timeout=timeout)
-    except queue.Full:
-        return False
-    return token.done.wait(timeout)
+    return True if pipeline is None else pipeline.writer.flush(timeout)
 
 
 def shutdown(timeout: float = 5.0) -> bool:
@@ -137,31 +122,16 @@ def shutdown(timeout: float = 5.0) -> bool:
     if pipeline is None:
         return True
     logging.getLogger().removeHandler(pipeline.handler)
-    with pipeline.handler.lock:  # no enqueue() runs any more: the count is final
-        dropped = pipeline.handler.dropped
-        pipeline.handler.dropped = 0
-    deadline = time.monotonic() + timeout
-    try:
-        if dropped:
-            pipeline.handler.queue.put(_dropped_record(dropped), timeout=timeout)
-        stopped = pipeline.writer.stop_within(max(0.0, deadline - time.monotonic()))
-    except queue.Full:
-        stopped = False
-    if stopped:
-        for h in pipeline.outputs:
-            h.close()
-    return stopped
+    pipeline.lines.close()   # lines logged from here on go nowhere; the drop count is final
+    return pipeline.writer.stop_within(timeout)
 
 
 def reopen() -> None:
     """Reopen the log file (after logrotate moved or truncated it; its ``postrotate``
-    sends SIGUSR1). Done by the writer thread, between two lines."""
+    sends SIGUSR1). Done by the writer thread, between two batches."""
     pipeline = _current
     if pipeline is not None:
-        try:
-            pipeline.handler.queue.put_nowait(_REOPEN)
-        except queue.Full:  # the writer is behind; WatchedFileHandler reopens on its own
-            pass
+        pipeline.writer.reopen()
 
 
 def set_level(level: str) -> None:
@@ -174,139 +144,73 @@ def set_level(level: str) -> None:
 def dropped_total() -> int:
     """Lines dropped so far by the current set-up because the writer fell behind."""
     pipeline = _current
-    return pipeline.handler.dropped_total if pipeline is not None else 0
+    return pipeline.lines.dropped_total if pipeline is not None else 0
 
 
 # ---------------------------------------------------------------------- the pieces
 
-class _DroppingQueueHandler(QueueHandler):
-    """Puts records on the bounded queue without ever waiting; counts what did not fit.
+class _LineLogger:
+    """structlog's logger: takes the finished JSON line and queues it, whatever the level
+    (the bound logger above it has filtered by level already)."""
 
-    ``enqueue`` runs under the handler's lock (Handler.handle), so the counters need no
-    lock of their own."""
+    __slots__ = ("name", "_put")
 
-    def __init__(self, q: "queue.Queue[Any]") -> None:
-        super().__init__(q)
-        self.dropped = 0        # not yet reported
-        self.dropped_total = 0
+    def __init__(self, lines: LineQueue, name: str) -> None:
+        self.name = name
+        self._put = lines.put
 
-    def prepare(self, record: logging.LogRecord) -> Any:
-        if record.__dict__.get(_RENDERED):
-            return record  # already one JSON line, no args, no exc_info: nothing to copy
-        return super().prepare(record)  # formats it as a JSON line (_ForeignJsonFormatter)
+    def _line(self, line: str, *_args: Any, **_kw: Any) -> None:
+        self._put(line)
 
-    def enqueue(self, record: Any) -> None:
+    msg = debug = info = warning = warn = error = err = critical = fatal = exception = log = _line
+
+
+class _LineLoggerFactory:
+    def __init__(self, lines: LineQueue) -> None:
+        self._lines = lines
+
+    def __call__(self, *args: Any) -> _LineLogger:
+        return _LineLogger(self._lines, args[0] if args and isinstance(args[0], str) else OWN_LOGGER)
+
+
+_LEVEL_OF = {"warn": "warning", "err": "error", "fatal": "critical", "exception": "error", "msg": "info"}
+
+
+def _fields(logger: Any, method_name: str, event_dict: Any) -> Any:
+    """The line's fixed keys first, in the order the lines always had (timestamp, level,
+    logger, message), then the caller's fields but those set to None: optional context
+    stays optional. (One processor instead of structlog's five: add_log_level,
+    add_logger_name, TimeStamper, EventRenamer and a filter, each a dict pass.)"""
+    out = {"timestamp": iso_utc(), "level": _LEVEL_OF.get(method_name, method_name),
+           "logger": getattr(logger, "name", OWN_LOGGER), "message": event_dict.pop("event", "")}
+    for k, v in event_dict.items():
+        if v is not None:
+            out[k] = v
+    return out
+
+
+class _ForeignHandler(logging.Handler):
+    """Lines of stdlib loggers (other libraries', and ours that use logging directly), as
+    JSON with the keys of ours, onto the same queue."""
+
+    def __init__(self, lines: LineQueue) -> None:
+        super().__init__()
+        self._lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
         try:
-            if self.dropped:
-                self.queue.put_nowait(_dropped_record(self.dropped))
-                self.dropped = 0
-            self.queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
-            self.dropped_total += 1
-
-
-_REOPEN = object()  # queued by reopen(): the writer reopens its files
-
-
-class _FlushToken:
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-
-
-class _Writer(QueueListener):
-    """The writer thread: records to the destinations; flush tokens answered in order."""
-
-    def __init__(self, q: "queue.Queue[Any]", *handlers: logging.Handler) -> None:
-        super().__init__(q, *handlers, respect_handler_level=False)
-
-    def handle(self, record: Any) -> None:
-        if isinstance(record, _FlushToken):
-            for h in self.handlers:
-                h.flush()
-            record.done.set()
-            return
-        if record is _REOPEN:
-            for h in self.handlers:
-                if isinstance(h, logging.FileHandler):
-                    h.acquire()
-                    try:
-                        if h.stream is not None:
-                            h.stream.close()
-                        h.stream = h._open()
-                        if isinstance(h, WatchedFileHandler):
-                            h._statstream()  # remember the new file, not the moved one
-                    finally:
-                        h.release()
-            return
-        super().handle(record)
-
-    def stop_within(self, timeout: float) -> bool:
-        """QueueListener.stop() with a bound: the sentinel goes after every queued line
-        (waiting for room, the queue is bounded), then the thread is joined."""
-        deadline = time.monotonic() + timeout
-        self.queue.put(self._sentinel, timeout=timeout)
-        thread = self._thread
-        if thread is not None:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            if thread.is_alive():
-                return False
-        self._thread = None
-        return True
-
-
-class _LineFormatter(logging.Formatter):
-    """The destinations' formatter: every record reaching them is one JSON line already."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        msg = record.msg
-        return msg if isinstance(msg, str) else record.getMessage()
-
-
-class _ForeignJsonFormatter(logging.Formatter):
-    """Lines of other libraries' stdlib loggers, as JSON with the keys of ours."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.__dict__.get(_RENDERED):
-            return record.msg
-        line = {
-            "timestamp": _iso_utc(record.created),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        elif record.exc_text:
-            line["exception"] = record.exc_text
-        if record.stack_info:
-            line["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(line, default=repr)
-
-
-def _iso_utc(created: float) -> str:
-    """The timestamp format of structlog's TimeStamper(fmt="iso", utc=True)."""
-    when = datetime.datetime.fromtimestamp(created, tz=datetime.timezone.utc)
-    return when.isoformat().replace("+00:00", "Z")
-
-
-def _dropped_record(n: int) -> logging.LogRecord:
-    line = json.dumps({"dropped": n, "level": "warning", "logger": "anolisnuma.logsetup",
-                       "timestamp": _iso_utc(time.time()),
-                       "message": "log lines dropped: the log writer fell behind"})
-    record = logging.LogRecord("anolisnuma.logsetup", logging.WARNING, __file__, 0, line, None, None)
-    record.__dict__[_RENDERED] = True
-    return record
-
-
-def _as_rendered_record(_logger: Any, _name: str, line: str) -> Any:
-    """structlog's last processor: hand the rendered line to the stdlib logger, marked as
-    a finished JSON line (``(args, kwargs)`` of the logger call)."""
-    return (line,), {"extra": _RENDERED_EXTRA}
-
-
-def _drop_none(_logger, _name, event_dict):
-    """Fields a caller set to None are left out, so optional context stays optional."""
-    return {k: v for k, v in event_dict.items() if v is not None}
+            line = {
+                "timestamp": iso_utc(record.created),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "message": record.getMessage(),
+            }
+            if record.exc_info:
+                line["exception"] = logging.Formatter().formatException(record.exc_info)
+            elif record.exc_text:
+                line["exception"] = record.exc_text
+            if record.stack_info:
+                line["stack"] = logging.Formatter().formatStack(record.stack_info)
+            self._lines.put(json.dumps(line, default=repr))
+        except Exception:
+            self.handleError(record)

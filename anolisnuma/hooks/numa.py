@@ -157,6 +157,11 @@ class NumaHook(Hook):
     def wants_post(self, method: str) -> bool:
         return method in self.methods and method in _POST
 
+    def inline(self, method: str, stage: str) -> bool:
+        # Every stage asks the placement service, which decides in memory (numa.json is
+        # written behind, the kubelet's checkpoint re-read only when its stat changed).
+        return True
+
     def pre(self, call: Call) -> None:
         p = self.placement
         if p is None:

@@ -118,7 +118,8 @@ class NriFrontEnd:
         one whose hooks run is the pipeline's task, waited for here up to the deadline."""
         ic = self.interceptor
         pc = ic.begin_nri(method)
-        outcome = ic.on_request(pc, grpcwire.frame_message(request.SerializeToString()))
+        # (the messages go in as they are: no bytes to make and read again)
+        outcome = ic.on_request(pc, b"", message=request)
         if not isinstance(outcome, Decision):
             done, _ = await asyncio.wait((outcome,), timeout=self.timeout)
             if not done:
@@ -145,7 +146,7 @@ class NriFrontEnd:
             ic.on_reply(pc, None, decision.status, decision.message, answered_by_proxy=True)
             return request
         edited = pc.call.request if pc.call is not None else request
-        ic.on_reply(pc, grpcwire.frame_message(reply.SerializeToString()), 0, "")
+        ic.on_reply(pc, None, 0, "", reply_message=reply)
         return edited
 
     def _finish_late(self, pc: Any, request: Any, reply: Any, outcome: "asyncio.Future[Decision]") -> None:

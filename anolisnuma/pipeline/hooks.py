@@ -4,8 +4,9 @@ A hook is a small object with a name, the CRI methods it serves, and ``pre``/``p
 methods. The pipeline calls ``pre`` with the decoded request before it is forwarded (the
 hook may edit ``call.request`` and must then call ``call.mark_modified()``), and ``post``
 after containerd answered successfully (``call.reply`` is the decoded reply). Hooks run in
-worker threads, so they may do blocking file I/O; the pipeline bounds each call by the
-hook's time budget and applies its failure policy:
+worker threads, so they may do blocking file I/O (a stage that only computes in memory may
+say so, :meth:`Hook.inline`, and runs on the event loop); the pipeline bounds each call by
+the hook's time budget and applies its failure policy:
 
 - ``ignore`` (default): the error is logged and counted, the call goes on as if the hook
   were absent (a pre-hook's half-made edits are discarded);
@@ -89,6 +90,13 @@ class Hook:
 
     def wants_post(self, method: str) -> bool:
         return method in self.methods and type(self).post is not Hook.post
+
+    def inline(self, method: str, stage: str) -> bool:
+        """Whether ``stage`` ("pre" or "post") of ``method`` only computes in memory (no
+        file or socket I/O, no lock held long by another thread): the pipeline then runs it
+        on the event loop instead of a worker thread, and moves it to the threads for good
+        if it ever takes longer than a few milliseconds (``INLINE_LIMIT_SECONDS``)."""
+        return False
 
     def start(self) -> None:
         """Called once by the daemon after :meth:`resync`, before :meth:`controllers`."""

@@ -38,6 +38,11 @@ log = structlog.get_logger("anolisnuma.pipeline")
 MAX_OVERRUNNING = 2
 # Hook calls that run at once (on a pool started with the daemon: see anolisnuma.workers).
 HOOK_THREADS = 8
+# A hook stage run on the event loop (Hook.inline) that took longer than this INLINE_STRIKES
+# times runs on the worker threads from then on: the loop answers every other call meanwhile.
+# (Not at the first time: on a busy machine any stage may lose its CPU for a while.)
+INLINE_LIMIT_SECONDS = 0.005
+INLINE_STRIKES = 3
 # The kubelet stops and removes what may already be gone; containerd before 1.7 answers that
 # with NOT_FOUND, which the kubelet takes as done. Logged as a warning it would be noise.
 _NOT_FOUND = grpcwire.STATUS_CODES["NOT_FOUND"]
@@ -121,6 +126,7 @@ class Interceptor:
             self.set_hooks(hooks)
         self._skip_keys = tuple(config.skip_keys)
         self._overrunning: Dict[str, int] = {}
+        self._long_inline: Dict[Tuple[str, str, str], int] = {}   # inline stages that ran long, how often
         self._debug = False
         # A client can reset intercepted streams at will: one line per kind, then counts.
         self.aborts = EventSummary(log, "intercepted call ended without a reply")
@@ -174,10 +180,12 @@ class Interceptor:
         as a relayed call, minus the relay."""
         return PipelineCall(methods.INTERCEPTED[method], holds_request=True, via_nri=True)
 
-    def on_request(self, pc: PipelineCall, body: bytes) -> Union[Decision, "asyncio.Future[Decision]"]:
+    def on_request(self, pc: PipelineCall, body: bytes,
+                   message: Any = None) -> Union[Decision, "asyncio.Future[Decision]"]:
         """Decide what to do with a complete held request: forward it (original or edited)
         or answer it with a status. A request that cannot be read is refused, naming why:
-        the policies it must pass cannot be applied to it."""
+        the policies it must pass cannot be applied to it. ``message``: the request
+        already decoded (an NRI event's, made by the front-end; ``body`` is then unused)."""
         if self._unavailable:
             return Decision.refuse(grpcwire.STATUS_CODES["UNAVAILABLE"], f"anolisnuma: {self._unavailable}")
         if not self._ready:
@@ -185,8 +193,8 @@ class Interceptor:
             # become ready before then, and a waiter added after the wake-up waits forever.
             ready = asyncio.get_running_loop().create_future()
             self._waiting.append(ready)
-            return asyncio.ensure_future(self._when_ready(pc, body, ready))
-        request, why = self._read(body, pc.spec.request)
+            return asyncio.ensure_future(self._when_ready(pc, body, ready, message))
+        request, why = (message, "") if message is not None else self._read(body, pc.spec.request)
         if request is None:
             self.counters.add("requests_unreadable")
             log.warning("cannot read the request; call refused", method=pc.method, reason=why)
@@ -224,9 +232,10 @@ class Interceptor:
                 s.failure_policy for s in self.config.per_hook.values()}
         return "fail" in policies
 
-    async def _when_ready(self, pc: PipelineCall, body: bytes, ready: "asyncio.Future[None]") -> Decision:
+    async def _when_ready(self, pc: PipelineCall, body: bytes, ready: "asyncio.Future[None]",
+                          message: Any = None) -> Decision:
         await ready
-        outcome = self.on_request(pc, body)
+        outcome = self.on_request(pc, body, message)
         return outcome if isinstance(outcome, Decision) else await outcome
 
     def on_forwarded(self, pc: PipelineCall, body: bytes) -> None:
@@ -242,11 +251,15 @@ class Interceptor:
         pc.call = call
         pc.log = log.bind(**describe(call))
         pc.skip_hooks = self._opted_out(call)
-        pc.log.info(f"{_WORDS[pc.method]} " + ("event from containerd (NRI)" if pc.via_nri else "request from kubelet"),
-                    hooks="skipped (pod opted out)" if pc.skip_hooks else None)
+        if self._debug:   # (at info the reply's line says it all: one line per decision)
+            pc.log.debug(f"{_WORDS[pc.method]} " + ("event from containerd (NRI)" if pc.via_nri
+                                                    else "request from kubelet"),
+                         hooks="skipped (pod opted out)" if pc.skip_hooks else None)
 
     def on_reply(self, pc: PipelineCall, body: Optional[bytes], status: int, message: str,
-                 answered_by_proxy: bool = False) -> None:
+                 answered_by_proxy: bool = False, reply_message: Any = None) -> None:
+        """The call's answer: recorded, logged (its one line at info), its post-hooks
+        started. ``reply_message``: the reply already decoded (NRI; ``body`` then unused)."""
         seconds = time.perf_counter() - pc.started
         latency_ms = round(seconds * 1000, 3)
         status_name = grpcwire.STATUS_NAMES.get(status, str(status))
@@ -255,21 +268,25 @@ class Interceptor:
         said = f"{_WORDS[pc.method]} " + ("answered to containerd (NRI)" if pc.via_nri else f"reply from {source}")
         call = pc.call
         reply = None
-        if status == 0 and body is not None and call is not None:
-            reply = self._decode(pc, body, pc.spec.reply, "reply")
+        if status == 0 and call is not None:
+            if reply_message is not None:
+                reply = reply_message
+            elif body is not None:
+                reply = self._decode(pc, body, pc.spec.reply, "reply")
         if call is not None and reply is not None:
             call.reply = reply
             self.recent.note(getattr(reply, "pod_sandbox_id", ""), getattr(reply, "container_id", ""))
             self._record(pc, call)
         notes = call.notes if call is not None and call.notes else None
         logger = pc.log if call is not None else log.bind(method=pc.method)
+        skipped = "skipped (pod opted out)" if pc.skip_hooks else None
         if status == 0:
             logger.info(said, status=status_name,
-                        latency_ms=latency_ms, decisions=notes, **_reply_ids(call))
+                        latency_ms=latency_ms, decisions=notes, hooks=skipped, **_reply_ids(call))
         else:
             emit = logger.info if status == _NOT_FOUND and pc.method in _IDEMPOTENT_TEARDOWN else logger.warning
             emit(said, status=status_name,
-                 error=message[:512], latency_ms=latency_ms, decisions=notes)
+                 error=message[:512], latency_ms=latency_ms, decisions=notes, hooks=skipped)
         if call is not None:
             self._journal(pc, call, status_name, latency_ms, source)
         post = self._post[pc.method] if call is not None and reply is not None and not pc.skip_hooks else []
@@ -368,6 +385,8 @@ class Interceptor:
         if self._overrunning.get(hook.name, 0) >= MAX_OVERRUNNING:
             error: Optional[BaseException] = TimeoutError(
                 f"earlier calls still run past the budget of {budget:g}s; not called")
+        elif self._long_inline.get((hook.name, pc.method, stage), 0) < INLINE_STRIKES and hook.inline(pc.method, stage):
+            error = self._on_loop(pc, hook, stage, call, budget)
         else:
             error = await self._in_thread(hook, hook.pre if stage == "pre" else hook.post, call, budget)
         self.hook_stats.observe((hook.name, stage, "ok" if error is None else "failed"),
@@ -381,6 +400,31 @@ class Interceptor:
         pc.log.warning("hook failed", hook=hook.name, stage=stage, error=str(error) or repr(error),
                        policy=policy if stage == "pre" else "ignore (post-hook)",
                        elapsed_ms=round((time.perf_counter() - started) * 1000, 3))
+        return error
+
+    def _on_loop(self, pc: PipelineCall, hook: H.Hook, stage: str, call: H.Call,
+                 budget: float) -> Optional[BaseException]:
+        """Run a stage the hook says only computes in memory (``Hook.inline``) right here:
+        two thread switches fewer per stage. It cannot be cut off, so a stage that took
+        longer than ``INLINE_LIMIT_SECONDS`` goes to the worker threads from its next call
+        on once that happened ``INLINE_STRIKES`` times (said then), and one past its budget
+        counts as timed out, as on a thread."""
+        started = time.perf_counter()
+        error: Optional[BaseException] = None
+        try:
+            (hook.pre if stage == "pre" else hook.post)(call)
+        except Exception as e:   # a hook must never take the proxy down
+            error = e
+        took = time.perf_counter() - started
+        key = (hook.name, pc.method, stage)
+        strikes = self._long_inline[key] = self._long_inline.get(key, 0) + (took > INLINE_LIMIT_SECONDS)
+        if strikes == INLINE_STRIKES and took > INLINE_LIMIT_SECONDS:
+            self.counters.add("hook_stages_moved_off_loop")
+            log.warning("a hook stage ran long on the event loop; it runs on worker threads from now on",
+                        hook=hook.name, method=pc.method, stage=stage, elapsed_ms=round(took * 1000, 3),
+                        limit_ms=INLINE_LIMIT_SECONDS * 1000)
+        if error is None and took > budget:
+            error = TimeoutError(f"exceeded its budget of {budget:g}s")
         return error
 
     async def _in_thread(self, hook: H.Hook, fn: Any, call: H.Call, budget: float) -> Optional[BaseException]:

@@ -5,7 +5,10 @@ reached containerd, are listed by ``PlacementService.pending_updates()``; this l
 each an UpdateContainerResources with the cpuset the placement wants (the other resources
 are left as they are: containerd only changes the fields that are set). Live moves
 (``PlacementService.move``, traffic affinity) are applied the same way; a move whose
-re-pin fails is rolled back by the service (``apply_failed``), other failures are retried.
+re-pin fails is rolled back by the service (``apply_failed``), other failures are retried,
+but a container containerd answers NOT_FOUND for is gone for good (IDs are never re-used):
+its share is released at once, as its RemoveContainer would have, rather than tried and
+logged every pass until the resync notices.
 ``run_once`` may be called from another thread (the affinity controller applies its moves
 at once): passes are serialized.
 """
@@ -40,6 +43,7 @@ class CpusetRepinner(Controller):
         self._pass = threading.Lock()
         self.applied_total = 0   # placements applied and refused, summed (metrics)
         self.failed_total = 0
+        self.gone_total = 0      # containers found gone (NOT_FOUND) and released
 
     def run_once(self) -> int:
         """Apply every pending placement; returns how many were applied."""
@@ -58,6 +62,12 @@ class CpusetRepinner(Controller):
             try:
                 self.client.update_container_resources(container_id, res)
             except Exception as e:  # gone, or containerd down: try again next round
+                if _not_found(e):
+                    self.gone_total += 1
+                    nodes = self.placement.release_container(container_id)
+                    log.info("container gone before its NUMA re-pin; its share released", container_id=container_id,
+                             nodes=list(nodes) if nodes is not None else None)
+                    continue
                 self.failed_total += 1
                 error = str(e).splitlines()[0][:300] if str(e) else repr(e)
                 log.warning("cannot apply NUMA placement", container_id=container_id, cpus=cpus,
@@ -78,7 +88,16 @@ class CpusetRepinner(Controller):
         return applied
 
     def counts(self) -> Dict[str, int]:
-        return {"applied": self.applied_total, "failed": self.failed_total}
+        return {"applied": self.applied_total, "failed": self.failed_total, "gone": self.gone_total}
 
     def closed(self) -> None:
         self.client.close()
+
+
+def _not_found(error: BaseException) -> bool:
+    """containerd said the container does not exist (a gRPC NOT_FOUND)."""
+    code = getattr(error, "code", None)
+    try:
+        return callable(code) and getattr(code(), "name", "") == "NOT_FOUND"
+    except Exception:
+        return False

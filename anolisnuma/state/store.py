@@ -20,6 +20,7 @@ import structlog
 from anolisnuma.controller import Controller
 from anolisnuma.state.persist import StateFormatTooNew, atomic_write_bytes, load_json_state
 from anolisnuma.state.records import ContainerRecord, PodRecord, decode_list
+from anolisnuma.state.write_behind import GATHER_SECONDS
 
 log = structlog.get_logger("anolisnuma.state")
 
@@ -142,6 +143,8 @@ class Store:
             return True
         with self._saved:
             target = self._version
+        self.writer.hurry()
+        with self._saved:
             return self._saved.wait_for(lambda: self._saved_version >= target, timeout)
 
     def close(self) -> None:
@@ -177,11 +180,12 @@ class Store:
 
 
 class StoreWriter(Controller):
-    """Writes the store's snapshot whenever it changed (woken by each change; a burst of
-    changes is one write: the newest snapshot wins)."""
+    """Writes the store's snapshot whenever it changed (woken by each change; the changes
+    of ``gather_seconds`` are one write: the newest snapshot wins)."""
 
     name = "store-writer"
     interval = 0.0
+    gather_seconds = GATHER_SECONDS
 
     def __init__(self, store: Store) -> None:
         super().__init__()

@@ -29,6 +29,9 @@ log = structlog.get_logger("anolisnuma.state")
 T = TypeVar("T")
 
 RETRY_SECONDS = 1.0   # a write that failed (disk full, read-only) is tried again this often
+# The changes of this long are one write (a pod start changes the ledger two or three times):
+# the writer thread wakes and writes once per pod start, not once per change.
+GATHER_SECONDS = 0.5
 
 
 class WriteBehind(Controller, Generic[T]):
@@ -41,6 +44,7 @@ class WriteBehind(Controller, Generic[T]):
     other loops; :meth:`stop` writes what is still marked before it returns."""
 
     interval = 0.0
+    gather_seconds = GATHER_SECONDS
 
     def __init__(self, name: str, lock: ContextManager[Any], snapshot: Callable[[], T],
                  write: Callable[[T], None], path: str, what: str = "state") -> None:
@@ -82,7 +86,7 @@ class WriteBehind(Controller, Generic[T]):
         if not self.running:
             self._write_now()
         else:
-            self.wake()
+            self.hurry()
             with self._versions:
                 self._versions.wait_for(lambda: self._tried >= target or not self.running, timeout)
             if self._tried < target and not self.running:   # stopped meanwhile: its close wrote, or we do

@@ -38,12 +38,12 @@ GET_CONTAINER_EVENTS = "/runtime.v1.RuntimeService/GetContainerEvents"
 
 class RestartLab:
     def __init__(self, containerd: PrivateContainerd, base: str, *, tree: str = REPO_ROOT,
-                 grace: float = 10.0, numa: bool = True) -> None:
+                 grace: float = 10.0, numa: bool = True, log_level: str = "info") -> None:
         self.containerd = containerd
         self.base = base
         self.tree = tree
         self.data = config_dict(base, containerd.socket, grace=grace,
-                                extra={"log": {"stderr": False}, "runtime": {"connect_timeout_seconds": 5.0}})
+                                extra={"log": {"stderr": False, "level": log_level}, "runtime": {"connect_timeout_seconds": 5.0}})
         if numa:
             self.data["numa"] = {"enabled": True, "namespaces": [NAMESPACE], "memory_pinning": "off",
                                  "poll_interval_seconds": 0.2}

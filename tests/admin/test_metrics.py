@@ -123,8 +123,9 @@ def test_reconciler_runs_and_drift_fixed(node):
     assert recs["qos"]["rewritten"] >= 1
     # every background loop under one family, with its own counts as events
     after = wait_until(lambda: (lambda m: m if all(value(m, "anolisnuma_controller_runs_total", controller=c) >= 1
-                                                   for c in ("numa-watch", "numa-affinity")) else None)(scrape(node)),
-                       "a pass of the watcher and of the affinity loop")
+                                                   for c in ("numa-watch", "numa-affinity", "store-writer"))
+                                    else None)(scrape(node)),
+                       "a pass of the watcher, of the affinity loop and of the store's writer (it gathers changes)")
     for name in ("store-writer", "numa-watch", "numa-repin", "numa-affinity", "qos-reconcile"):
         assert value(after, "anolisnuma_controller_runs_total", controller=name) >= 1, name
         assert value(after, "anolisnuma_controller_errors_total", controller=name) == 0, name

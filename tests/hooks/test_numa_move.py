@@ -201,6 +201,34 @@ def test_failed_apply_rolls_the_move_back(seed):
     assert seed.hook.placement.move(b.uid, [0], "again")   # and it may be tried again
 
 
+def test_a_container_containerd_no_longer_knows_is_released_not_retried(seed):
+    import grpc
+    from anolisnuma.cri.client import CallError
+
+    a, ca, b, cb = two_pods(seed, containers=("app", "sidecar"))
+    assert seed.hook.placement.move(b.uid, [0], "test")
+    client = FakeContainerd(seed)
+    gone = cb[1]
+    real = client.update_container_resources
+
+    def update(cid, res):
+        if cid == gone:   # removed behind our back (crictl rm): containerd's answer
+            client.calls.append((cid, res.cpuset_cpus, res.cpuset_mems))
+            raise CallError(grpc.StatusCode.NOT_FOUND, f"an error occurred when try to find container {cid!r}")
+        real(cid, res)
+
+    client.update_container_resources = update
+    repinner = CpusetRepinner(seed.hook.placement, client)
+    assert repinner.run_once() == 1
+    # the move is done with the container that is left; the gone one was released, not rolled back
+    assert seed.hook.placement.ledger.get(b.uid).nodes == (0,)
+    assert gone not in seed.hook.placement.ledger.get(b.uid).containers
+    assert seed.hook.placement.pending_updates() == [] and seed.hook.placement.moves_in_flight() == []
+    assert repinner.counts() == {"applied": 1, "failed": 0, "gone": 1}
+    calls = len(client.calls)
+    assert repinner.run_once() == 0 and len(client.calls) == calls   # nothing tried again
+
+
 def test_move_survives_a_restart(seed):
     a, ca, b, cb = two_pods(seed)
     assert seed.hook.placement.move(b.uid, [0], "test")

@@ -29,8 +29,10 @@ TEARDOWN = ("/StopContainer", "/RemoveContainer", "/StopPodSandbox", "/RemovePod
 
 
 @pytest.fixture
-def lab(containerd, tmp_path):  # type: ignore[no-untyped-def]
-    lab = RestartLab(containerd, str(tmp_path / "lab"))
+def lab(containerd, tmp_path, request):  # type: ignore[no-untyped-def]
+    # (a test that must see a call arrive before its reply asks for the debug lines:
+    # at info a call has one line, its reply's)
+    lab = RestartLab(containerd, str(tmp_path / "lab"), log_level=getattr(request, "param", "info"))
     try:
         lab.start()
         yield lab
@@ -95,6 +97,7 @@ def test_restarts_and_an_upgrade_mid_load_fail_no_call(lab, tmp_path):
     assert len(steady) == 2 and lab.placements_missing() == []
 
 
+@pytest.mark.parametrize("lab", ["debug"], indirect=True)
 def test_create_in_flight_at_sigterm_completes_with_its_post_hooks(lab):
     """A CreateContainer that containerd is still working on when SIGTERM arrives: the old
     daemon answers it before it exits (0), its NUMA post-hook recorded the container in

@@ -145,7 +145,7 @@ def test_undecodable_header_block_ends_the_connection_and_nothing_passes_unpolic
         cri_grpc.RuntimeServiceStub(ch).RunPodSandbox(cri.RunPodSandboxRequest(config=cri.PodSandboxConfig(
             metadata=cri.PodSandboxMetadata(name="p", uid="u1", namespace="default"))), timeout=5)
     # the daemon's log is written by a thread of its own: the lines may follow the reply
-    wait_until(lambda: any(line.get("message") == "run pod sandbox request from kubelet"
+    wait_until(lambda: any(line.get("message") == "run pod sandbox reply from containerd"
                            for line in read_log(daemon.data["log"]["file"])), what="the call's log line")
     assert any(line.get("http2_error") == "COMPRESSION_ERROR" for line in read_log(daemon.data["log"]["file"]))
 
