@@ -351,12 +351,17 @@ class PrivateContainerd:
                  snapshotter: str = "overlayfs", containerd_bin: Optional[str] = None,
                  ctr_bin: Optional[str] = None, runc_bin: str = "runc",
                  image_cache: Optional[str] = None, start_timeout: float = 30.0,
-                 cgroup_root: str = CGROUP_ROOT, build: ContainerdBuild = DEBIAN) -> None:
+                 cgroup_root: str = CGROUP_ROOT, build: ContainerdBuild = DEBIAN,
+                 nri: Optional[bool] = None) -> None:
+        if nri and not build.has_nri:
+            raise ValueError(f"containerd {build.name} has no NRI")
         self.base_dir = os.path.abspath(base_dir)
         self.run_dir = os.path.abspath(run_dir)
         self.cni = cni
         self.snapshotter = snapshotter
         self.build = build   # which containerd (containerd_builds.py): Debian's 1.6 unless told
+        # NRI on the private socket: None keeps the build's own default (1.7 off, 2.x on)
+        self.nri = build.has_nri and (build.nri_by_default if nri is None else nri)
         self.containerd_bin = containerd_bin or build.containerd
         self.ctr_bin = ctr_bin or build.ctr
         self.runc_bin = shutil.which(runc_bin, path="/usr/sbin:/usr/bin:/sbin:/bin") or runc_bin
@@ -387,7 +392,7 @@ class PrivateContainerd:
 
     @property
     def nri_socket(self) -> str:
-        """Where containerd 2.x serves NRI (1.6 has none)."""
+        """Where containerd serves NRI when ``self.nri`` (1.6 has none)."""
         return os.path.join(self.run_dir, "nri.sock")
 
     @property
@@ -524,12 +529,13 @@ class PrivateContainerd:
             f"      config_path = {_q(os.path.join(self.base_dir, 'certs.d'))}",
             "",
         ]
-        if self.build.major >= 2:
-            # containerd 2.x serves NRI by default on /var/run/nri/nri.sock, which a second
-            # instance (or the node's own containerd) would fight over: ours is private.
+        if self.build.has_nri:
+            # containerd serves NRI on /var/run/nri/nri.sock unless told otherwise, which a
+            # second instance (or the node's own containerd) would fight over: ours is private.
+            # 1.7 reads the same keys (NRI v0.8.0's config), with disable = true by default.
             lines += [
                 '  [plugins."io.containerd.nri.v1.nri"]',
-                "    disable = false",
+                f"    disable = {'false' if self.nri else 'true'}",
                 f"    socket_path = {_q(self.nri_socket)}",
                 f"    plugin_path = {_q(os.path.join(self.base_dir, 'nri', 'plugins'))}",
                 f"    plugin_config_path = {_q(os.path.join(self.base_dir, 'nri', 'conf.d'))}",

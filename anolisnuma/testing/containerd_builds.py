@@ -1,17 +1,25 @@
-"""Which containerd the tests run: Debian's 1.6 and the 2.2 build of ``../shared``.
+"""Which containerd the tests run: Debian's 1.6 and the 1.7 and 2.2 builds of ``../shared``.
 
-Debian ships containerd 1.6.20; most Kubernetes nodes run 2.x. The tests start either as
-their private instance (:class:`~anolisnuma.testing.containerd.PrivateContainerd`), so that
-what the proxy promises (every call passes as if it were not there) is checked on both.
+Debian ships containerd 1.6.20; many Kubernetes nodes run 1.7, most newer ones 2.x. The
+tests start any of them as their private instance
+(:class:`~anolisnuma.testing.containerd.PrivateContainerd`), so that what the proxy promises
+(every call passes as if it were not there) and what NRI mode does are checked on each.
 
 - ``1.6``: ``containerd``, ``ctr`` and ``containerd-shim-runc-v2`` on ``PATH`` (Debian's
-  package, installed by ``scripts/install-deps.sh``);
-- ``2.2``: ``containerd``, ``ctr`` and ``containerd-shim-runc-v2`` of containerd v2.2.7 in
-  ``$ANOLISNUMA_CONTAINERD22_DIR``, else ``<repo>/../shared/containerd-2.2`` (CI's layout),
-  else ``/work/shared/containerd-2.2``. containerd 2.x finds its shim on ``PATH``, so the
-  instance runs with that directory first on it (Debian's 1.6 shim does not work with 2.x).
+  package, installed by ``scripts/install-deps.sh``); no NRI;
+- ``1.7``: the same three of containerd v1.7.34 in ``$ANOLISNUMA_CONTAINERD17_DIR``, else
+  ``<repo>/../shared/containerd-1.7`` (CI's layout), else ``/work/shared/containerd-1.7``;
+  NRI v0.8.0, off unless its configuration turns it on;
+- ``2.2``: the same three of containerd v2.2.7 in ``$ANOLISNUMA_CONTAINERD22_DIR``, else
+  ``<repo>/../shared/containerd-2.2``, else ``/work/shared/containerd-2.2``; NRI v0.11.0, on
+  by default.
 
-``$ANOLISNUMA_CONTAINERDS`` (e.g. ``1.6`` or ``1.6,2.2``) narrows which the tests run; by
+containerd finds its shim on ``PATH``, so a build of a directory runs with that directory
+first on it (Debian's 1.6 shim is not the one 1.7 or 2.x were built with). The directories
+are the test machine's owner's (root): whoever can write them chooses the binaries every
+containerd test runs as root, as with any binary on ``PATH``.
+
+``$ANOLISNUMA_CONTAINERDS`` (e.g. ``1.6`` or ``1.6,1.7,2.2``) narrows which the tests run; by
 default every build this machine has.
 """
 
@@ -21,18 +29,19 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARIES = ("containerd", "ctr", "containerd-shim-runc-v2")
 ENV_BUILDS = "ANOLISNUMA_CONTAINERDS"
+ENV_17_DIR = "ANOLISNUMA_CONTAINERD17_DIR"
 ENV_22_DIR = "ANOLISNUMA_CONTAINERD22_DIR"
 
 
 @dataclass(frozen=True)
 class ContainerdBuild:
-    """One containerd to test against: a name the tests carry (``1.6``, ``2.2``) and where
-    its binaries are (``bin_dir`` None: found on ``PATH``)."""
+    """One containerd to test against: a name the tests carry (``1.6``, ``1.7``, ``2.2``: its
+    release) and where its binaries are (``bin_dir`` None: found on ``PATH``)."""
 
     name: str
     bin_dir: Optional[str] = None
@@ -51,8 +60,24 @@ class ContainerdBuild:
         return self.binary("ctr")
 
     @property
+    def release(self) -> Tuple[int, int]:
+        """(major, minor) of the name: ``1.7`` -> (1, 7)."""
+        major, minor = self.name.split(".")[:2]
+        return int(major), int(minor)
+
+    @property
     def major(self) -> int:
-        return int(self.name.split(".")[0])
+        return self.release[0]
+
+    @property
+    def has_nri(self) -> bool:
+        """NRI came with containerd 1.7."""
+        return self.release >= (1, 7)
+
+    @property
+    def nri_by_default(self) -> bool:
+        """1.7 ships NRI disabled (its ``DefaultConfig`` says ``Disable: true``); 2.x enabled."""
+        return self.release >= (2, 0)
 
     def missing(self) -> Optional[str]:
         """Why this build cannot run here; None when it can."""
@@ -90,12 +115,16 @@ def shared_dir(name: str, env: str) -> str:
     return beside if os.path.isdir(beside) else os.path.join("/work/shared", name)
 
 
+def containerd_17() -> ContainerdBuild:
+    return ContainerdBuild("1.7", shared_dir("containerd-1.7", ENV_17_DIR))
+
+
 def containerd_22() -> ContainerdBuild:
     return ContainerdBuild("2.2", shared_dir("containerd-2.2", ENV_22_DIR))
 
 
 def known_builds() -> List[ContainerdBuild]:
-    return [DEBIAN, containerd_22()]
+    return [DEBIAN, containerd_17(), containerd_22()]
 
 
 def build_named(name: str) -> ContainerdBuild:
@@ -108,7 +137,7 @@ def build_named(name: str) -> ContainerdBuild:
 def builds_for_tests() -> List[ContainerdBuild]:
     """The builds the tests run on: ``$ANOLISNUMA_CONTAINERDS`` when set, else every known
     build present on this machine. A build named there and missing here raises
-    RuntimeError (CI names both: a machine without one must fail, not skip it)."""
+    RuntimeError (CI names them all: a machine without one must fail, not skip it)."""
     wanted = os.environ.get(ENV_BUILDS, "").strip()
     if not wanted:
         return [b for b in known_builds() if b.missing() is None]

@@ -128,6 +128,25 @@ def test_registers_subscribes_and_takes_the_runtimes_timeout(setup):
     assert plugin.runtime == "containerd v2.2.7" and plugin.counts()["connected"] == 1
 
 
+# NRI v0.8.0's last event (pkg/api: Event_LAST = 12), the NRI containerd 1.7 vendors
+NRI_V080_LAST_EVENT = 11
+
+
+def test_the_event_mask_subscribes_to_nothing_nri_v0_8_0_does_not_know():
+    """containerd 1.7 (v1.7.34, the release many nodes run) vendors NRI v0.8.0, which knows
+    events 1-11 only (RunPodSandbox ... RemoveContainer) and refuses a plugin whose Configure
+    reply subscribes past them ("invalid plugin events: 0x..."): the plugin never registers
+    and NRI mode places nothing on that node. UpdatePodSandbox (12), PostUpdatePodSandbox
+    (13) and ValidateContainerAdjustment (14) came with later NRI (2.x vendors v0.11.0):
+    subscribing to any of them would work on 2.2 and break every 1.7 node. The real
+    registration on 1.7 is tests/e2e/test_nri_e2e.py's, run on the 1.7 build."""
+    assert nri.REMOVE_CONTAINER == NRI_V080_LAST_EVENT   # our proto numbers events as NRI does
+    v080_valid = (1 << NRI_V080_LAST_EVENT) - 1          # v0.8.0's ValidEvents: (1 << (LAST - 1)) - 1
+    assert EVENT_MASK & ~v080_valid == 0, hex(EVENT_MASK & ~v080_valid)
+    for later in (nri.UPDATE_POD_SANDBOX, nri.POST_UPDATE_POD_SANDBOX, nri.VALIDATE_CONTAINER_ADJUSTMENT):
+        assert not EVENT_MASK & (1 << (later - 1)), nri.Event.Name(later)
+
+
 def test_split_synchronize_echoes_more_and_resyncs_once(setup):
     runtime, plugin, _, synced, _ = setup
     configure(runtime)

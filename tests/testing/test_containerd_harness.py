@@ -131,10 +131,41 @@ def test_a_2x_instance_serves_nri_on_a_socket_of_its_own_and_runs_its_own_shim(t
     assert nri["socket_path"] == pc.nri_socket and pc.nri_socket.startswith(str(tmp_path / "run"))
     assert pc.containerd_bin == str(tmp_path / "bin" / "containerd")
     assert build.path_env("/usr/bin").split(":")[0] == str(tmp_path / "bin")   # its shim first
-    # Debian's 1.6 has no NRI: its configuration says nothing of it
+    assert nri["disable"] is False and pc.nri
+    # Debian's 1.6 has no NRI: its configuration says nothing of it, and asking for it is refused
     old = harness.PrivateContainerd(str(tmp_path / "b16"), str(tmp_path / "r16"))
     with open(old.write_config(), "rb") as f:
         assert "io.containerd.nri.v1.nri" not in tomllib.load(f)["plugins"]
+    assert not old.nri
+    with pytest.raises(ValueError, match="containerd 1.6 has no NRI"):
+        harness.PrivateContainerd(str(tmp_path / "b16"), str(tmp_path / "r16"), nri=True)
+
+
+def _nri_section(pc):
+    with open(pc.write_config(), "rb") as f:
+        return tomllib.load(f)["plugins"]["io.containerd.nri.v1.nri"]
+
+
+def test_a_17_instance_keeps_nri_off_as_17_ships_it_unless_asked_and_then_on_a_socket_of_its_own(tmp_path):
+    """containerd 1.7 ships NRI disabled; asked for, it is on, on the instance's own socket
+    (never /var/run/nri/nri.sock, which the node's containerd may hold)."""
+    build = ContainerdBuild("1.7", str(tmp_path / "bin"))
+    assert build.has_nri and not build.nri_by_default and build.release == (1, 7)
+    default = harness.PrivateContainerd(str(tmp_path / "b"), str(tmp_path / "r"), build=build)
+    section = _nri_section(default)
+    assert section["disable"] is True and not default.nri
+    asked = harness.PrivateContainerd(str(tmp_path / "b2"), str(tmp_path / "r2"), build=build, nri=True)
+    section = _nri_section(asked)
+    assert section["disable"] is False and asked.nri
+    assert section["socket_path"] == asked.nri_socket and asked.nri_socket.startswith(str(tmp_path / "r2"))
+    for key in ("plugin_path", "plugin_config_path"):
+        assert section[key].startswith(str(tmp_path / "b2"))
+    # go-toml v1.9.5 (1.7's) reads durations as strings
+    assert section["plugin_registration_timeout"] == "5s"
+    # and 2.2 turned off when told so
+    off = harness.PrivateContainerd(str(tmp_path / "b3"), str(tmp_path / "r3"),
+                                    build=ContainerdBuild("2.2", str(tmp_path / "bin")), nri=False)
+    assert _nri_section(off)["disable"] is True and not off.nri
 
 
 def test_the_builds_the_tests_run_are_the_ones_asked_for(monkeypatch, tmp_path):
@@ -147,8 +178,12 @@ def test_the_builds_the_tests_run_are_the_ones_asked_for(monkeypatch, tmp_path):
         (tmp_path / name).chmod(0o755)
     (build,) = containerd_builds.builds_for_tests()
     assert build.bin_dir == str(tmp_path) and build.missing() is None
-    monkeypatch.setenv(containerd_builds.ENV_BUILDS, "1.7")
-    with pytest.raises(ValueError):
+    monkeypatch.setenv(containerd_builds.ENV_17_DIR, str(tmp_path))
+    monkeypatch.setenv(containerd_builds.ENV_BUILDS, "1.7, 2.2")
+    assert [b.name for b in containerd_builds.builds_for_tests()] == ["1.7", "2.2"]
+    assert containerd_builds.build_named("1.7").bin_dir == str(tmp_path)
+    monkeypatch.setenv(containerd_builds.ENV_BUILDS, "1.8")
+    with pytest.raises(ValueError, match="known: 1.6, 1.7, 2.2"):
         containerd_builds.builds_for_tests()
 
 
