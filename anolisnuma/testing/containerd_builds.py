@@ -75,6 +75,25 @@ class ContainerdBuild:
         return self.release >= (1, 7)
 
     @property
+    def streams_container_events(self) -> bool:
+        """The CRI's GetContainerEvents (the kubelet's evented PLEG) came with 1.7; 1.6
+        answers UNIMPLEMENTED."""
+        return self.release >= (1, 7)
+
+    @property
+    def container_events_to_every_stream(self) -> bool:
+        """2.x tells each container event on every GetContainerEvents stream; 1.7 reads all
+        streams off one channel, so each event goes to one of them only (seen on 1.7.34: two
+        streams on its own socket, four containers, each event told on one). A second
+        subscriber there (a test's stream beside the kubelet's) takes events from the first."""
+        return self.release >= (2, 0)
+
+    @property
+    def serves_cri_v1alpha2(self) -> bool:
+        """2.0 dropped the CRI's v1alpha2 API."""
+        return self.release < (2, 0)
+
+    @property
     def nri_by_default(self) -> bool:
         """1.7 ships NRI disabled (its ``DefaultConfig`` says ``Disable: true``); 2.x enabled."""
         return self.release >= (2, 0)

@@ -55,6 +55,7 @@ class RestartLab:
         self.log_path = self.data["log"]["file"]
         self.parents: List[str] = []
         self.orphaned_tasks: List[str] = []   # runc containers containerd had lost (see _remove_orphans)
+        self.stuck_tasks: List[str] = []      # tasks of exited containers killed by ctr (_delete_stuck_tasks)
         self.supervisor = SocketSupervisor(self.socket, self.argv(), env=self.env(tree),
                                            log_path=os.path.join(base, "daemon.out"))
 
@@ -107,10 +108,15 @@ class RestartLab:
         problems = []
         with grpc.insecure_channel(f"unix://{self.containerd.socket}") as ch:
             rt = pbg.RuntimeServiceStub(ch)
+            self.stuck_tasks += self._delete_stuck_tasks(rt, pb)
             for p in rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30).items:
                 if p.metadata.namespace != NAMESPACE:
                     continue
                 error = self._stop_and_remove(rt, pb, p.id)
+                if error is not None and "cannot delete running task" in (error.details() or ""):
+                    stuck = self._delete_stuck_tasks(rt, pb)   # one its cut StartContainer left since
+                    self.stuck_tasks += stuck
+                    error = self._stop_and_remove(rt, pb, p.id) if stuck else error
                 if error is not None:
                     problems.append(f"pod {p.metadata.name}: {error.code().name} {error.details()}")
             problems += self._remove_orphans(rt, pb)
@@ -120,6 +126,26 @@ class RestartLab:
             problems += [f"cgroup left: {d} (tasks: {_tasks(d)})" for d in left]
         self.parents = []
         return problems
+
+    def _delete_stuck_tasks(self, rt: Any, pb: Any) -> List[str]:
+        """Containers the CRI says exited whose containerd task is still there, their tasks
+        killed and deleted with ``ctr``; their ids. containerd 1.7 makes one when the
+        StartContainer it is running is cancelled after it made the task ("failed to create
+        containerd task: failed to get task pid: context canceled"): the CRI marks the
+        container exited, so StopContainer passes it by and RemoveContainer refuses it
+        ("cannot delete running task") on every try, as it would the kubelet's."""
+        exited = {c.id for c in rt.ListContainers(pb.ListContainersRequest(), timeout=30).containers
+                  if c.state == pb.CONTAINER_EXITED}
+        if not exited:
+            return []
+        stuck = []
+        for line in self.containerd.ctr("task", "ls").splitlines()[1:]:
+            words = line.split()   # TASK PID STATUS
+            if len(words) == 3 and words[0] in exited and words[2] != "STOPPED":
+                stuck.append(words[0])
+        for cid in stuck:
+            self.containerd.ctr("task", "delete", "--force", cid)
+        return stuck
 
     def _kill_lost_tasks(self, rt: Any, pb: Any) -> List[str]:
         """Containers runc still has that containerd no longer knows, killed and deleted;

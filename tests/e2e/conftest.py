@@ -108,7 +108,9 @@ def containerd(request) -> Iterator[PrivateContainerd]:  # type: ignore[no-untyp
     cleanup_dead_instances(BASE_PREFIX, RUN_PREFIX)  # leftovers of crashed sessions
     build = build_named(request.param)
     where = f"{os.getpid()}-{build.name.replace('.', '')}"
-    pc = PrivateContainerd(f"{BASE_PREFIX}{where}", f"{RUN_PREFIX}{where}", cni=True, build=build)
+    # NRI on (private socket) where the build has it: 1.7 ships it off, NRI mode's tests need it
+    pc = PrivateContainerd(f"{BASE_PREFIX}{where}", f"{RUN_PREFIX}{where}", cni=True, build=build,
+                           nri=build.has_nri or None)
     try:
         t0 = time.monotonic()
         pc.start()

@@ -1,5 +1,5 @@
 """NRI mode with the cluster side: an Oenuma CR from the real API server moves a running
-pod that was created straight on containerd 2.2.7 and placed by the NRI plugin; the move
+pod that was created straight on containerd (1.7.34 and 2.2.7) and placed by the NRI plugin; the move
 leaves through NRI's UpdateContainers and lands in the real cgroup; deleting the CR gives
 the pod back to the balance. The proxy's twin is tests/cluster/test_oenuma_live.py (there
 on a fake containerd)."""
@@ -28,7 +28,7 @@ if CLUSTER_TESTS not in sys.path:
     sys.path.insert(0, CLUSTER_TESTS)
 from cluster_helpers import install, node_kubeconfig, oenuma  # noqa: E402
 
-CONTAINERD_BUILDS = ("2.2",)
+CONTAINERD_BUILDS = ("1.7", "2.2")
 direct = test_nri_e2e.direct   # the fixture (test_numa_e2e's): a client on containerd's socket, our pods removed after
 NS = "numa-e2e"   # (test_numa_e2e's managed namespace: the CR lives there too, so it needs no trust)
 

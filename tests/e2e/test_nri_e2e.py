@@ -1,4 +1,4 @@
-"""NRI mode on the real containerd 2.2.7: pods created straight on containerd, no proxy on
+"""NRI mode on the real containerd 1.7.34 (NRI v0.8.0) and 2.2.7 (NRI v0.11.0): pods created straight on containerd, no proxy on
 their path, placed by anolisnuma's NRI plugin at creation.
 
 The same fake two-node topology as test_numa_e2e.py (node 0 = CPU 0, node 1 = CPU 1), the
@@ -38,7 +38,7 @@ from anolisnuma.hooks.numa import NumaHook
 from anolisnuma.testing.proxy import InProcessProxy, SubprocessProxy, read_log
 from anolisnuma.testing.waiting import wait_until
 
-CONTAINERD_BUILDS = ("2.2",)   # NRI: containerd >= 1.7; Debian's 1.6 has none
+CONTAINERD_BUILDS = ("1.7", "2.2")   # NRI: containerd >= 1.7; Debian's 1.6 has none
 direct = test_numa_e2e.direct   # the fixture: a client on containerd's socket, our pods removed after
 REGISTERED = "registered with containerd as an NRI plugin"
 
@@ -86,7 +86,7 @@ def test_nri_balance_places_pods_created_on_containerd(containerd, direct, tmp_p
         assert plugin.n["events"] > 0
         fe = views.front_end(proxy.daemon)   # what `anolisnuma-ctl status` shows
         assert (fe["mode"], fe["connected"], fe["runtime"], fe["request_timeout_ms"]) == (
-            "nri", True, "containerd v2.2.7", 2000)
+            "nri", True, f"containerd {containerd.build.version()}", 2000)
 
         # The CRI socket still answers, but relays unchanged: a pod created through it is
         # placed once, by the NRI event, not a second time by the relay.

@@ -120,13 +120,13 @@ def test_unknown_method_v1alpha2_and_events_behave_as_direct(proxy, containerd):
         assert direct[0] == grpc.StatusCode.UNIMPLEMENTED
         assert call(proxy.socket, path) == direct
 
-    # containerd 1.6 serves CRI v1alpha2 too; 2.x dropped it: UNIMPLEMENTED, the same both ways
+    # containerd 1.6 and 1.7 serve CRI v1alpha2 too; 2.x dropped it: UNIMPLEMENTED, the same both ways
     from cri_api.v1alpha2 import api_pb2 as a2
     req = a2.VersionRequest(version="v1alpha2").SerializeToString()
     direct = call(containerd.socket, "/runtime.v1alpha2.RuntimeService/Version", req)
     via = call(proxy.socket, "/runtime.v1alpha2.RuntimeService/Version", req)
     assert via == direct
-    if containerd.build.major < 2:
+    if containerd.build.serves_cri_v1alpha2:
         assert via[0] == "ok" and a2.VersionResponse.FromString(via[1]).runtime_name == "containerd"
     else:
         assert via[0] == grpc.StatusCode.UNIMPLEMENTED
@@ -135,13 +135,18 @@ def test_unknown_method_v1alpha2_and_events_behave_as_direct(proxy, containerd):
 def test_the_evented_pleg_stream_behaves_as_direct(kubelet, proxy, containerd):
     """containerd 1.6 does not implement the evented-PLEG stream (GetContainerEvents): the
     kubelet must see exactly that (it then falls back to relisting), not an error of ours.
-    containerd 2.x streams it: containers created through the proxy are told on the proxy's
-    stream as on containerd's own."""
+    containerd 1.7 and 2.x stream it: containers created through the proxy are told on the proxy's
+    stream as on containerd's own. containerd 1.7 gives each event to one stream only, so
+    there the proxy's stream is the only one (as the kubelet's is on a node), and what it
+    tells is compared with the pod's status read from containerd's socket."""
     from cri_api.v1 import api_pb2_grpc as pbg
 
-    streams = [EventWatch(sock, pbg) for sock in (proxy.socket, containerd.socket)]
+    socks = [proxy.socket, containerd.socket]
+    if not containerd.build.container_events_to_every_stream:
+        socks = [proxy.socket]
+    streams = [EventWatch(sock, pbg) for sock in socks]
     try:
-        if containerd.build.major < 2:
+        if not containerd.build.streams_container_events:
             for w in streams:
                 wait_until(lambda: w.error is not None, "the stream's answer")
                 assert w.error.code() == grpc.StatusCode.UNIMPLEMENTED
@@ -160,9 +165,11 @@ def test_the_evented_pleg_stream_behaves_as_direct(kubelet, proxy, containerd):
             pytest.fail("no container's event was told on both streams")
         later = [kubelet.create_container(pod, f"later{i}") for i in range(3)]
         wait_until(lambda: all(w.created(c) for w in streams for c in later), "the later containers' events", 60)
-        via, direct = streams
+        with KubeletLike(containerd.socket) as direct:
+            status = direct.pod_status(pod.id).status.metadata
         for cid in [first] + later:
-            assert via.created(cid).pod_sandbox_status.metadata == direct.created(cid).pod_sandbox_status.metadata
+            told = [w.created(cid).pod_sandbox_status.metadata for w in streams]
+            assert told == [status] * len(streams)
     finally:
         for w in streams:
             w.close()

@@ -44,13 +44,16 @@ def lab(containerd, tmp_path, request):  # type: ignore[no-untyped-def]
 def kubelet_load(lab: RestartLab, workers: int = 2, **kw: Any) -> GoLoad:
     """The kubelet's calls, and event streams through the proxy, each beside the same
     subscription on containerd's own socket: containerd's event service (what the load's
-    lifecycles do), and on containerd 2.x the CRI's own stream, GetContainerEvents (the
-    kubelet's evented PLEG; 1.6 does not implement it)."""
+    lifecycles do), and on containerd 1.7 and 2.x the CRI's own stream, GetContainerEvents
+    (the kubelet's evented PLEG; 1.6 does not implement it). containerd 1.7 gives each CRI
+    event to one of its streams only: there the proxy's stream is alone, with no reference."""
     pods = [lab.pod_template(f"churn-{i}")[:2] for i in range(workers)]
     streams = [("events", EVENTS_SUBSCRIBE, b"", ""), ("direct", EVENTS_SUBSCRIBE, b"", lab.containerd.socket)]
-    if lab.containerd.build.major >= 2:
-        streams += [("cri-events", CONTAINER_EVENTS, b"", ""),
-                    ("cri-direct", CONTAINER_EVENTS, b"", lab.containerd.socket)]
+    build = lab.containerd.build
+    if build.streams_container_events:
+        streams += [("cri-events", CONTAINER_EVENTS, b"", "")]
+    if build.container_events_to_every_stream:
+        streams += [("cri-direct", CONTAINER_EVENTS, b"", lab.containerd.socket)]
     return GoLoad(lab.socket, pods=pods, streams=streams, poll_interval_ms=50, **kw).start()
 
 
@@ -87,10 +90,13 @@ def test_restarts_and_an_upgrade_mid_load_fail_no_call(lab, tmp_path):
     report = stream_report(records)
     assert report["opens"] >= 5, report            # once at start, again after each restart
     assert report["reference_events"] > 0 and report["lost"] == [], report
-    if lab.containerd.build.major >= 2:   # the kubelet's evented PLEG stream survives each restart too
+    if lab.containerd.build.streams_container_events:   # the kubelet's evented PLEG stream survives each restart too
         cri = stream_report(records, "cri-events", "cri-direct")
         assert cri["opens"] >= 5, cri
-        assert cri["reference_events"] > 0 and cri["lost"] == [], cri
+        if lab.containerd.build.container_events_to_every_stream:
+            assert cri["reference_events"] > 0 and cri["lost"] == [], cri
+        else:   # no reference on 1.7: re-opened after each restart (above) and telling events
+            assert cri["events"] > 0, cri
     versions = [e.get("version") for e in lab.log() if e.get("message") == "anolisnuma listening"]
     assert versions[-1].endswith("+next") and not versions[0].endswith("+next")
     assert [e for e in lab.log() if e.get("message", "").startswith("shutdown grace over")] == []
@@ -192,9 +198,30 @@ def test_kill9_fails_only_the_calls_in_flight(lab):
     # kill closed its client's connection): only a cut StartContainer leaves one behind
     assert lab.remove_pods() == []
     cut_starts = [r for r in cut if r["method"].endswith("/StartContainer")]
-    assert len(lab.orphaned_tasks) <= len(cut_starts), (lab.orphaned_tasks, cut_starts)
-    if lab.containerd.build.major < 2:
-        assert lab.orphaned_tasks == []
+    # containerd 1.7 keeps the task of such a StartContainer cut after the task was made but
+    # marks the container exited: RemoveContainer refuses it until the task is killed (ctr)
+    assert len(lab.orphaned_tasks) + len(lab.stuck_tasks) <= len(cut_starts), (
+        lab.orphaned_tasks, lab.stuck_tasks, cut_starts)
+    if lab.containerd.build.release < (1, 7):
+        assert lab.orphaned_tasks == [] and lab.stuck_tasks == []
+
+
+def test_cleanup_deletes_the_task_containerd_1_7_keeps_for_an_exited_container(lab):
+    """The state a StartContainer cut after containerd 1.7 made its task leaves behind (seen
+    once in six kill -9 runs on 1.7.34): the container exited for the CRI, its task running,
+    RemoveContainer refused ("cannot delete running task") on every try. Made here on
+    purpose (ctr starts a task for an exited CRI container): the lab's cleanup, which the
+    kill -9 tests rely on, kills and deletes the task, then removes the pod."""
+    from cri_api.v1 import api_pb2 as pb
+    from cri_api.v1 import api_pb2_grpc as pbg
+    import grpc
+
+    _, cid = lab.run_pod("stuck", socket_path=lab.containerd.socket)
+    with grpc.insecure_channel(f"unix://{lab.containerd.socket}") as ch:
+        pbg.RuntimeServiceStub(ch).StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0), timeout=30)
+    lab.containerd.ctr("task", "start", "-d", cid)
+    assert lab.remove_pods() == []
+    assert lab.stuck_tasks == [cid]
 
 
 # ------------------------------------------------------------------------------ helpers
