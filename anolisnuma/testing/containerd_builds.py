@@ -21,6 +21,11 @@ containerd test runs as root, as with any binary on ``PATH``.
 
 ``$ANOLISNUMA_CONTAINERDS`` (e.g. ``1.6`` or ``1.6,1.7,2.2``) narrows which the tests run; by
 default every build this machine has.
+
+Every containerd test runs on 1.6 and 2.2 (``EVERY_TEST_BUILDS``), the two ends. 1.7 runs
+the conformance gate and the test modules that name it in their ``CONTAINERD_BUILDS``
+(:func:`runs_on`): NRI mode's (its NRI v0.8.0 is neither end's), the CRI surface and the
+restarts and kill -9 (where it differs from both ends), within CI's time budget.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import os
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARIES = ("containerd", "ctr", "containerd-shim-runc-v2")
@@ -151,6 +156,32 @@ def build_named(name: str) -> ContainerdBuild:
         if b.name == name:
             return b
     raise ValueError(f"no containerd build named {name!r} (known: {', '.join(b.name for b in known_builds())})")
+
+
+# The builds every containerd test runs on; the others run where a module names them.
+EVERY_TEST_BUILDS = ("1.6", "2.2")
+
+
+def runs_on(build: str, wanted: Optional[Sequence[str]]) -> bool:
+    """Whether a test of a module whose ``CONTAINERD_BUILDS`` is ``wanted`` (None: the
+    module sets none) runs on ``build``."""
+    return build in (EVERY_TEST_BUILDS if wanted is None else wanted)
+
+
+def deselect_other_builds(config: Any, items: List[Any], here: str, param: str) -> None:
+    """For a directory's ``pytest_collection_modifyitems``: leave out the items under
+    ``here`` whose build (the ``param`` fixture's parameter) their module does not run on
+    (:func:`runs_on`), reported to pytest as deselected."""
+    kept, dropped = [], []
+    for item in items:
+        build = getattr(getattr(item, "callspec", None), "params", {}).get(param)
+        if build is None or not str(item.path).startswith(here + os.sep):
+            kept.append(item)
+            continue
+        (kept if runs_on(build, getattr(item.module, "CONTAINERD_BUILDS", None)) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def builds_for_tests() -> List[ContainerdBuild]:

@@ -1,7 +1,9 @@
 """The real kubelet v1.26 of ../shared/k8s on a private node (anolisnuma/testing/kubelet_node.py):
 one private control plane (etcd + kube-apiserver) for the session, a node per test, each test
 once per containerd build (Debian's 1.6 and 2.2: anolisnuma/testing/containerd_builds.py;
-test ids ``[1.6]``, ``[2.2]``).
+test ids ``[1.6]``, ``[2.2]``). Not 1.7 (no module here names it in ``CONTAINERD_BUILDS``):
+both tests passed on it (2026-12-05, 27 s), left out for CI's time budget; the CRI
+calls a kubelet makes are checked on 1.7 by the conformance gate and tests/e2e.
 
 Skipped, saying why, where the Kubernetes binaries, etcd, openssl, containerd, unshare/nsenter
 or root are absent.
@@ -17,7 +19,7 @@ import pytest
 
 from anolisnuma.testing import kube_apiserver
 from anolisnuma.testing import kubelet_node
-from anolisnuma.testing.containerd_builds import build_named, builds_for_tests
+from anolisnuma.testing.containerd_builds import build_named, builds_for_tests, deselect_other_builds
 from anolisnuma.testing.kube_apiserver import PrivateControlPlane
 from anolisnuma.testing.kubelet_node import BASE_PREFIX, KubeletNode
 
@@ -35,6 +37,10 @@ def control_plane() -> Iterator[PrivateControlPlane]:
         yield cp
     finally:
         cp.close()
+
+
+def pytest_collection_modifyitems(config: Any, items: List[Any]) -> None:
+    deselect_other_builds(config, items, os.path.dirname(os.path.abspath(__file__)), "containerd_build")
 
 
 @pytest.fixture(params=[b.name for b in builds_for_tests()] or ["1.6"])

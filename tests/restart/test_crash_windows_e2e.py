@@ -23,6 +23,7 @@ from anolisnuma.testing.restart_lab import NAMESPACE, RestartLab
 from anolisnuma.testing.waiting import wait_until
 
 pytestmark = pytest.mark.containerd
+CONTAINERD_BUILDS = ("1.6", "1.7", "2.2")   # conftest.py: kill -9 on each build
 
 FLAG_ENV = "ANOLISNUMA_TEST_DROP_NUMA_WRITES"
 SITECUSTOMIZE = '''

@@ -22,6 +22,7 @@ from anolisnuma.testing.restart_lab import EVENTS_SUBSCRIBE, RestartLab, stream_
 from anolisnuma.testing.socket_supervisor import export_tree
 
 pytestmark = pytest.mark.containerd
+CONTAINERD_BUILDS = ("1.6", "1.7", "2.2")   # conftest.py: restarts and kill -9 on each build
 
 RUNTIME = "/runtime.v1.RuntimeService/"
 CONTAINER_EVENTS = RUNTIME + "GetContainerEvents"

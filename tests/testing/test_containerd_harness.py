@@ -196,3 +196,11 @@ def test_instances_of_dead_runs_are_found_by_pid_with_or_without_a_build_suffix(
     assert sorted(cleaned) == [str(tmp_path / f"e2e-{dead.pid}"), str(tmp_path / f"e2e-{dead.pid}-22")]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["e2e-x1", f"e2e-{os.getpid()}-16",
                                                                  f"e2e-{dead.pid}-a.b"])
+
+
+def test_a_module_runs_on_1_7_only_when_it_names_it():
+    """1.6 and 2.2 run every containerd test; 1.7 the modules whose CONTAINERD_BUILDS name it
+    (CI's time budget: containerd_builds.py)."""
+    assert [b for b in ("1.6", "1.7", "2.2") if containerd_builds.runs_on(b, None)] == ["1.6", "2.2"]
+    assert [b for b in ("1.6", "1.7", "2.2") if containerd_builds.runs_on(b, ("1.7", "2.2"))] == ["1.7", "2.2"]
+    assert not containerd_builds.runs_on("2.2", ("1.6",))
