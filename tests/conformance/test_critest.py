@@ -1,6 +1,6 @@
 """The promise, checked by the CRI conformance suite: through anolisnuma, with the
 ``config.toml`` it ships, every critest spec that passes on containerd's own socket passes
-too, on each containerd build (Debian's 1.6 and 2.2).
+too, on each containerd build (Debian's 1.6, 1.7 and 2.2).
 
 One private containerd per build; critest runs on it directly, then through the daemon
 (serially, one seed: the same specs in the same order). A spec that passed directly and did
