@@ -25,7 +25,8 @@ from anolisnuma.pipeline.decision import Decision
 from anolisnuma.pipeline.context import container_from_create, describe, pod_from_sandbox_config, resources_of
 from anolisnuma.pipeline.journal import JournalEntry, PodJournal
 from anolisnuma.pipeline.metrics import Counters, LatencyStats
-from anolisnuma.pipeline.podlocks import PodLock, PodLocks
+from anolisnuma.pipeline.hook_stages import HookStages
+from anolisnuma.pipeline.podlocks import PodLocks
 from anolisnuma.pipeline.recent import RecentCalls
 from anolisnuma.state.gone import PodGone, Reaper
 from anolisnuma.state.records import PodRecord
@@ -34,15 +35,8 @@ from anolisnuma.workers import WorkerPool
 
 log = structlog.get_logger("anolisnuma.pipeline")
 
-# Calls of one hook allowed to run on past their budget before the hook is skipped.
-MAX_OVERRUNNING = 2
 # Hook calls that run at once (on a pool started with the daemon: see anolisnuma.workers).
 HOOK_THREADS = 8
-# A hook stage run on the event loop (Hook.inline) that took longer than this INLINE_STRIKES
-# times runs on the worker threads from then on: the loop answers every other call meanwhile.
-# (Not at the first time: on a busy machine any stage may lose its CPU for a while.)
-INLINE_LIMIT_SECONDS = 0.005
-INLINE_STRIKES = 3
 # The kubelet stops and removes what may already be gone; containerd before 1.7 answers that
 # with NOT_FOUND, which the kubelet takes as done. Logged as a warning it would be noise.
 _NOT_FOUND = grpcwire.STATUS_CODES["NOT_FOUND"]
@@ -85,7 +79,7 @@ class PipelineCall:
         return self.spec.name
 
 
-class Interceptor:
+class Interceptor(HookStages):
     """Implements the relay's interception interface with hooks, a store and logs."""
 
     def __init__(self, hooks: Optional[List[H.Hook]], config: HooksConfig, store: Store,
@@ -202,9 +196,12 @@ class Interceptor:
                                    f"anolisnuma cannot read this {pc.method} request ({why}); "
                                    f"its policies cannot be applied")
         self._begin_call(pc, request)
+        hooks = self._pre[pc.method]
         if pc.skip_hooks:
             return Decision.forward(body)
-        return asyncio.ensure_future(self._run_pre(pc, self._pre[pc.method], body))
+        if self.runs_now(pc, hooks, "pre"):   # (no task, lock or timer: hook_stages.py)
+            return self.pre_now(pc, hooks, body)
+        return asyncio.ensure_future(self._run_pre(pc, hooks, body))
 
     def failed(self, pc: PipelineCall, body: bytes, error: BaseException) -> Decision:
         """What a held request becomes when the pipeline itself failed on it (out of
@@ -290,7 +287,9 @@ class Interceptor:
         if call is not None:
             self._journal(pc, call, status_name, latency_ms, source)
         post = self._post[pc.method] if call is not None and reply is not None and not pc.skip_hooks else []
-        if post:
+        if post and self.runs_now(pc, post, "post"):
+            self.post_now(pc, post)
+        elif post:
             self._track(asyncio.ensure_future(self._run_post(pc, post)))
         else:
             self._tell_gone(pc)
@@ -308,39 +307,6 @@ class Interceptor:
         ids = describe(pc.call) if pc.call is not None else {"method": pc.method}
         self.aborts.note((pc.method, why), reason=why,
                          latency_ms=round((time.perf_counter() - pc.started) * 1000, 3), **ids)
-
-    # ---------------------------------------------------------------- hooks
-    async def _run_pre(self, pc: PipelineCall, hooks: List[H.Hook], original: bytes) -> Decision:
-        call = pc.call
-        async with self._lock_for(call):
-            for hook in hooks:
-                work = type(call.request)()
-                work.CopyFrom(call.request)
-                attempt = H.Call(method=call.method, request=work, pod=call.pod, container=call.container,
-                                 log=pc.log, notes=call.notes)
-                error = await self._run_hook(pc, hook, "pre", attempt)
-                if error is None:
-                    if attempt.modified:
-                        call.request = work
-                        call.modified = True
-                    continue
-                if self.config.settings(hook.name).failure_policy == "fail":
-                    code = error.code if isinstance(error, H.HookRefused) else "UNKNOWN"
-                    status = grpcwire.STATUS_CODES.get(code, grpcwire.STATUS_CODES["UNKNOWN"])
-                    self.counters.add("calls_refused")
-                    return Decision.refuse(status, f"anolisnuma hook {hook.name}: {error}")
-        if not call.modified:
-            return Decision.forward(original)
-        return Decision.forward(grpcwire.frame_message(call.request.SerializeToString()))
-
-    async def _run_post(self, pc: PipelineCall, hooks: List[H.Hook]) -> None:
-        call = pc.call
-        async with self._lock_for(call):
-            for hook in hooks:
-                await self._run_hook(pc, hook, "post", call)
-        if pc.entry is not None:
-            self.journal.amend(pc.entry, call.notes, pc.failures)
-        self._tell_gone(pc)
 
     def _tell_gone(self, pc: PipelineCall) -> None:
         """Once a removal's hooks are done, every holder of pod state forgets what it
@@ -370,86 +336,6 @@ class Interceptor:
         if pending:
             await asyncio.wait(pending, timeout=timeout)
         return sum(1 for f in pending if not f.done())
-
-    async def _run_hook(self, pc: PipelineCall, hook: H.Hook, stage: str, call: H.Call) -> Optional[BaseException]:
-        """Run one hook stage within its budget; the error it raised (or a timeout), else None.
-
-        A hook call that overruns its budget cannot be stopped (it is a thread); while
-        ``MAX_OVERRUNNING`` of a hook's calls are still running, its next calls fail at once
-        instead of taking more worker threads from everyone else.
-        """
-        budget = self.config.settings(hook.name).budget_seconds
-        if pc.via_nri and self.nri_hook_budget > 0:
-            budget = min(budget, self.nri_hook_budget)
-        started = time.perf_counter()
-        if self._overrunning.get(hook.name, 0) >= MAX_OVERRUNNING:
-            error: Optional[BaseException] = TimeoutError(
-                f"earlier calls still run past the budget of {budget:g}s; not called")
-        elif self._long_inline.get((hook.name, pc.method, stage), 0) < INLINE_STRIKES and hook.inline(pc.method, stage):
-            error = self._on_loop(pc, hook, stage, call, budget)
-        else:
-            error = await self._in_thread(hook, hook.pre if stage == "pre" else hook.post, call, budget)
-        self.hook_stats.observe((hook.name, stage, "ok" if error is None else "failed"),
-                                time.perf_counter() - started)
-        if error is None:
-            self.counters.add(f"hook_{hook.name}_{stage}_ok")
-            return None
-        self.counters.add(f"hook_{hook.name}_{stage}_failed")
-        pc.failures.append(f"{hook.name} {stage}: {str(error) or repr(error)}"[:512])
-        policy = self.config.settings(hook.name).failure_policy
-        pc.log.warning("hook failed", hook=hook.name, stage=stage, error=str(error) or repr(error),
-                       policy=policy if stage == "pre" else "ignore (post-hook)",
-                       elapsed_ms=round((time.perf_counter() - started) * 1000, 3))
-        return error
-
-    def _on_loop(self, pc: PipelineCall, hook: H.Hook, stage: str, call: H.Call,
-                 budget: float) -> Optional[BaseException]:
-        """Run a stage the hook says only computes in memory (``Hook.inline``) right here:
-        two thread switches fewer per stage. It cannot be cut off, so a stage that took
-        longer than ``INLINE_LIMIT_SECONDS`` goes to the worker threads from its next call
-        on once that happened ``INLINE_STRIKES`` times (said then), and one past its budget
-        counts as timed out, as on a thread."""
-        started = time.perf_counter()
-        error: Optional[BaseException] = None
-        try:
-            (hook.pre if stage == "pre" else hook.post)(call)
-        except Exception as e:   # a hook must never take the proxy down
-            error = e
-        took = time.perf_counter() - started
-        key = (hook.name, pc.method, stage)
-        strikes = self._long_inline[key] = self._long_inline.get(key, 0) + (took > INLINE_LIMIT_SECONDS)
-        if strikes == INLINE_STRIKES and took > INLINE_LIMIT_SECONDS:
-            self.counters.add("hook_stages_moved_off_loop")
-            log.warning("a hook stage ran long on the event loop; it runs on worker threads from now on",
-                        hook=hook.name, method=pc.method, stage=stage, elapsed_ms=round(took * 1000, 3),
-                        limit_ms=INLINE_LIMIT_SECONDS * 1000)
-        if error is None and took > budget:
-            error = TimeoutError(f"exceeded its budget of {budget:g}s")
-        return error
-
-    async def _in_thread(self, hook: H.Hook, fn: Any, call: H.Call, budget: float) -> Optional[BaseException]:
-        """Run ``fn(call)`` on a worker thread within ``budget``; what it raised, else None."""
-        try:
-            fut = asyncio.get_running_loop().run_in_executor(self.executor, fn, call)
-        except Exception as e:   # no thread, no memory, the executor shut down: it never ran
-            return H.HookRefused(f"could not be run: {e!r}", code="UNAVAILABLE")
-        try:
-            await asyncio.wait_for(asyncio.shield(fut), budget)
-        except asyncio.TimeoutError:
-            self._overrunning[hook.name] = self._overrunning.get(hook.name, 0) + 1
-            fut.add_done_callback(lambda _f, name=hook.name: self._overran(name))
-            return TimeoutError(f"exceeded its budget of {budget:g}s")
-        except Exception as e:  # a hook must never take the proxy down
-            return e
-        return None
-
-    def _overran(self, name: str) -> None:
-        self._overrunning[name] -= 1
-
-    def _lock_for(self, call: H.Call) -> PodLock:
-        if call.pod is not None:
-            return self.pod_locks.hold(call.pod.uid, call.pod.sandbox_id)
-        return self.pod_locks.hold("", call.container.sandbox_id if call.container is not None else "")
 
     # ---------------------------------------------------------------- decoding and records
     def _decode(self, pc: PipelineCall, body: bytes, cls: Any, what: str) -> Any:

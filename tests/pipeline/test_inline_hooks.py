@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from anolisnuma.config import HookSettings
-from anolisnuma.pipeline import interceptor as ic
+from anolisnuma.pipeline import hook_stages as ic
 from anolisnuma.pipeline.hooks import CREATE_CONTAINER, RUN_POD_SANDBOX, Call, Hook, HookRefused
 from anolisnuma.testing.fake_cri import runtime_path
 from anolisnuma.testing.waiting import wait_until
