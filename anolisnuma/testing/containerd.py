@@ -35,7 +35,7 @@ from anolisnuma.testing.images import IMAGES, PAUSE_IMAGE, build_image_archive
 __all__ = ["PrivateContainerd", "PrivateContainerdError", "ensure_private_containerd",
            "cleanup_dead_instances", "make_pod_cgroup", "remove_pod_cgroup",
            "cgroup_hierarchies", "mounts_under", "other_containerd_running", "IMAGES",
-           "PAUSE_IMAGE"]
+           "PAUSE_IMAGE", "oom_score_adj_restricted", "release_of_version"]
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 CRI_NAMESPACE = "k8s.io"
@@ -285,6 +285,29 @@ def _kubepods_dirs(cgroup_root: str) -> Set[str]:
 
 # --------------------------------------------------------------------------- misc helpers
 
+CAP_SYS_RESOURCE = 24
+
+
+def oom_score_adj_restricted(status_path: str = "/proc/self/status") -> bool:
+    """Whether a containerd started from this process needs ``restrict_oom_score_adj``:
+    CAP_SYS_RESOURCE is missing from this process's effective or bounding set (which
+    containerd and runc inherit), so the kernel refuses a lower oom_score_adj than the
+    parent's, as containerd asks for every sandbox (-998)."""
+    try:
+        with open(status_path) as f:
+            caps = {k: int(v, 16) for k, _, v in (line.partition(":\t") for line in f)
+                    if k in ("CapEff", "CapBnd")}
+    except (OSError, ValueError):
+        return True   # unknown: the setting that works everywhere
+    return any(not caps.get(k, 0) >> CAP_SYS_RESOURCE & 1 for k in ("CapEff", "CapBnd"))
+
+
+def release_of_version(word: str) -> Tuple[int, int]:
+    """``(major, minor)`` of ``containerd --version``'s version word (``v2.2.7``,
+    ``1.6.20~ds1``) or a build's name (``1.7``); ``(0, 0)`` when it reads as neither."""
+    m = re.match(r"v?(\d+)\.(\d+)", word)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
 def _q(s: str) -> str:
     """A TOML basic string (JSON escaping is a subset TOML accepts)."""
     return json.dumps(s)
@@ -502,9 +525,10 @@ class PrivateContainerd:
             f"  {cri}]",
             # Imported by import_images(); never pulled.
             f"    sandbox_image = {_q(PAUSE_IMAGE)}",
-            # CAP_SYS_RESOURCE is missing from the bounding set on these VMs: lowering
-            # oom_score_adj fails and every RunPodSandbox dies in runc init without this.
-            "    restrict_oom_score_adj = true",
+            # Without CAP_SYS_RESOURCE (missing from these VMs' bounding set) lowering
+            # oom_score_adj fails and every RunPodSandbox dies in runc init unless
+            # containerd keeps it at least ours: said only where this machine needs it.
+            f"    restrict_oom_score_adj = {'true' if oom_score_adj_restricted() else 'false'}",
             "    netns_mounts_under_state_dir = true",
             "    disable_apparmor = true",
             "    systemd_cgroup = false",
@@ -929,11 +953,13 @@ class PrivateContainerd:
 
 def ensure_private_containerd(base_dir: str, run_dir: str, cni: bool = False,
                               snapshotter: str = "overlayfs", images: bool = True,
-                              timeout: float = 30.0) -> PrivateContainerd:
-    """A running, image-loaded instance for ``base_dir``/``run_dir``: reuses one that is
-    already running and answering, else (re)starts it. Raises PrivateContainerdError."""
+                              timeout: float = 30.0, build: ContainerdBuild = DEBIAN,
+                              nri: Optional[bool] = None) -> PrivateContainerd:
+    """A running, image-loaded instance for ``base_dir``/``run_dir`` of ``build`` (``nri``:
+    see PrivateContainerd): reuses one that is already running and answering, else
+    (re)starts it. Raises PrivateContainerdError."""
     pc = PrivateContainerd(base_dir, run_dir, cni=cni, snapshotter=snapshotter,
-                           start_timeout=timeout)
+                           start_timeout=timeout, build=build, nri=nri)
     if pc.is_running():
         try:
             pc.wait_ready(min(timeout, 5.0))
