@@ -118,6 +118,19 @@ def single_node(cpus: int = 2) -> FakeTopology:
                         memory_bytes={0: 4 * GIB})
 
 
+def two_nodes_over(cpus: Sequence[int]) -> FakeTopology:
+    """Two NUMA nodes over real CPUs: the first half of ``cpus`` node 0, the rest node 1 (at
+    least two). Over CPUs 0 and 1 it is the machine the e2e tests place pods on (node 0 =
+    CPU 0, node 1 = CPU 1, ``2n-2c-e2e``): the cpusets it leads to exist on this machine,
+    its memory nodes do not (so memory is not pinned over it)."""
+    if len(cpus) < 2:
+        raise ValueError("two nodes need two CPUs")
+    half = len(cpus) // 2
+    name = "2n-2c-e2e" if list(cpus) == [0, 1] else f"2n-{len(cpus)}c"
+    return FakeTopology(name=name, node_cpus={0: str(CpuSet(cpus[:half])), 1: str(CpuSet(cpus[half:]))},
+                        distances=[[10, 20], [20, 10]], memory_bytes={0: 2 * GIB, 1: 2 * GIB})
+
+
 def seed_16cpu() -> FakeTopology:
     """The seed's example machine: 4 nodes x 4 CPUs."""
     return FakeTopology(

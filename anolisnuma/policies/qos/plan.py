@@ -189,6 +189,16 @@ def plan_kernel(rows: Sequence[Row], facts: KernelFacts) -> KernelPlan:
                       at(Where.ROOT, None), at(Where.HOST, None), tuple(sorted(held.items())))
 
 
+def family_plans(rows: Sequence[Row]) -> Dict[str, KernelPlan]:
+    """What a kernel of each family would get from ``rows`` (family name -> its plan): a
+    kernel with every file of that family and none of the others', its host switches as
+    the rows set them. What a pod's level means on a node of another kernel than this one
+    (the demo shows it beside what this kernel lets it write)."""
+    return {f.name: plan_kernel(rows, KernelFacts(knobs.KnobSupport.only(k for k in knobs.ALL_KNOBS
+                                                                          if k.family == f.name)))
+            for f in knobs.FAMILIES}
+
+
 @dataclass(frozen=True)
 class PodWrites:
     """One pod's decision: the level it is kept at, its writes, the level its markings
@@ -231,4 +241,4 @@ def decide_pod(plan: KernelPlan, wanted: QosLevel, offline_now: bool,
 
 
 __all__ = ["KnobSetting", "sched_core_conflict", "KernelFacts", "LevelWrites", "KernelPlan", "PodWrites",
-           "plan_kernel", "decide_pod", "describe_report"]
+           "plan_kernel", "decide_pod", "describe_report", "family_plans"]
