@@ -10,9 +10,9 @@ The pods go into the namespace ``anolisnuma-demo`` (``scripts/run-local.sh --dem
 daemon with NUMA placement on for that namespace), each with one container of the pause
 image the local containerd holds (``scripts/private-containerd`` imports it):
 
-- ``be-anolisbox``: a BestEffort pod written for anolisbox (``anolisbox.sh/qoslevel: BE``):
-  its QoS level comes from the annotation;
-- ``numa-web``: a Burstable pod of one CPU: QoS LS from its Kubernetes class.
+- ``batch``: a BestEffort pod written for anolisbox (``anolisbox.sh/qoslevel: BE``): its
+  QoS level comes from the annotation;
+- ``web``: a Burstable pod of one CPU: QoS LS from its Kubernetes class.
 
 Both are NUMA-managed; on two nodes the balance puts them on different ones. ``--socket``
 is where they are made: the proxy's socket, or, when the daemon takes its pods from NRI,
@@ -159,7 +159,7 @@ def not_our_daemon(args: argparse.Namespace) -> Tuple[Optional[str], Dict[str, A
         return (f"the daemon on {path} (pid {status.get('pid')}) takes its pods from the NRI of the containerd on "
                 f"{status.get('runtime_endpoint')}, not {args.socket}: it would not hear of the demo's pods"), {}
     # pods made before the plugin registers run without the policies until it does
-    while not (status.get("front_end") or {}).get("connected"):
+    while not registered(status.get("front_end") or {}):
         if time.monotonic() > deadline:
             fe = status.get("front_end") or {}
             return (f"the daemon (pid {status.get('pid')}) is not registered with containerd's NRI on "
@@ -170,6 +170,14 @@ def not_our_daemon(args: argparse.Namespace) -> Tuple[Optional[str], Dict[str, A
         except CtlError as e:
             return f"the daemon stopped answering on {path}: {e}", {}
     return None, status
+
+
+def registered(fe: Dict[str, Any]) -> bool:
+    """The NRI plugin is connected, registered, configured (containerd named itself) and
+    synchronized: containerd sends it the events of the pods made from now on. (Connected
+    alone is a session that may not be registered yet.)"""
+    return bool(fe.get("connected") and fe.get("runtime") and fe.get("registrations", 0) >= 1
+                and fe.get("synchronizes", 0) >= 1)
 
 
 def admin_path(args: argparse.Namespace) -> str:
@@ -243,7 +251,7 @@ def say_topology(config: Config) -> None:
     nodes = ", ".join(f"node {n.id} = CPU {n.cpus}" for n in topo.nodes)
     try:
         with open(os.path.join(sys_root, FAKE_NOTE)) as f:
-            fake = f.read().split(":")[0].strip()
+            fake = printable(f.read(200).split(":")[0].strip())   # local_config.py's; shown as text whatever it holds
     except OSError:
         fake = ""
     if fake:
@@ -332,8 +340,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if demo_pods(cri):
             remove(cri)  # a demo run again starts from nothing
-        be = pod_config("be-anolisbox", "besteffort", {"anolisbox.sh/qoslevel": "BE"}, 0)
-        web = pod_config("numa-web", "burstable", {}, 1.0)
+        be = pod_config("batch", "besteffort", {"anolisbox.sh/qoslevel": "BE"}, 0)
+        web = pod_config("web", "burstable", {}, 1.0)
         made = {c.metadata.name: run_pod(cri, c, cpus) for c, cpus in ((be, 0), (web, 1.0))}
     except grpc.RpcError as e:
         print(f"demo: {e.code().name}: {e.details()}", file=sys.stderr)

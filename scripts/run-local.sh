@@ -215,7 +215,7 @@ cleanup() {
   [ -n "$proxy_was" ] && done_lines+=("anolisnuma (pid $proxy_was) stopped")
   if [ "$started_containerd" = 1 ]; then
     if "$VENV/bin/python" "$HERE/scripts/private-containerd" stop "${PRIVATE_ARGS[@]}" >/dev/null 2>&1; then
-      done_lines+=("the private containerd (pid ${containerd_pid:-?}) stopped, $PRIVATE_BASE and $PRIVATE_RUN removed")
+      done_lines+=("the private containerd (pid ${containerd_pid:-?}) stopped" "removed $PRIVATE_BASE and $PRIVATE_RUN")
     else
       done_lines+=("the private containerd NOT fully removed: scripts/private-containerd stop ${PRIVATE_ARGS[*]}")
     fi
@@ -226,7 +226,8 @@ cleanup() {
   for line in ${done_lines[@]+"${done_lines[@]}"}; do
     echo "run-local: $line" >&2
   done
-  echo "run-local: ended ($why); left behind: $RUN_DIR (local.toml, local-state), the log $LOG_FILE" >&2
+  echo "run-local: kept: $RUN_DIR (local.toml, local-state), $LOG_FILE" >&2
+  echo "run-local: ended ($why)" >&2
   exit "$rc"
 }
 trap 'rc=$?; cleanup "$rc" "exit $rc"' EXIT
@@ -236,8 +237,10 @@ trap 'cleanup 130 "Ctrl-C"' INT
 if [ "$private" = 1 ]; then
   if "$VENV/bin/python" "$HERE/scripts/private-containerd" status "${PRIVATE_ARGS[@]}" >/dev/null 2>&1; then
     # another run's (or one a crash left): not this run's to stop
-    echo "run-local: using the private containerd that already runs in $PRIVATE_RUN, left running when" \
-         "this script ends (to stop it: scripts/private-containerd stop ${PRIVATE_ARGS[*]})" >&2
+    why="no containerd answers on $probe"
+    [ "$nri" = 1 ] && why="--nri"
+    echo "run-local: $why; using the private one that already runs in $PRIVATE_RUN, left running" \
+         "when this script ends (to stop it: scripts/private-containerd stop ${PRIVATE_ARGS[*]})" >&2
   else
     [ "$nri" = 0 ] && echo "run-local: no containerd answers on $probe; starting a private one" >&2
     [ "$nri" = 1 ] && echo "run-local: --nri: starting a private containerd with NRI on $nri_socket" >&2
@@ -259,11 +262,12 @@ mkdir -p "$RUN_DIR"
 "$VENV/bin/python" "$HERE/scripts/local_config.py" "$CONFIG" "$RUN_DIR/local.toml" "${CONFIG_ARGS[@]}" \
   --write-topology
 if [ "$nri" = 1 ]; then
-  echo "run-local: anolisnuma in NRI mode on $nri_socket (log $LOG_FILE; Ctrl-C stops)" >&2
-  echo "run-local: point a kubelet (or crictl) at containerd's socket: unix://$endpoint" >&2
+  echo "run-local: anolisnuma in NRI mode on $nri_socket; Ctrl-C stops" >&2
+  echo "run-local: kubelet/crictl endpoint: unix://$endpoint (containerd's)" >&2
 else
-  echo "run-local: anolisnuma on $LISTEN -> $endpoint (log $LOG_FILE; Ctrl-C stops)" >&2
+  echo "run-local: anolisnuma on $LISTEN -> $endpoint; Ctrl-C stops" >&2
 fi
+echo "run-local: its log: $LOG_FILE" >&2
 # Big replies (ListContainers on a full node) cost far less when glibc keeps its buffers.
 export MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456
 # In the background and waited for, so that a signal to this script reaches the trap at once.

@@ -21,6 +21,28 @@ from anolisnuma.transport.listener import occupant
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "run-local.sh")
 PRIVATE = os.path.join(REPO_ROOT, "scripts", "private-containerd")
 DEMO = os.path.join(REPO_ROOT, "scripts", "demo.py")
+VENV_CTL = os.path.join(os.environ.get("ANOLISNUMA_VENV", os.path.join(REPO_ROOT, ".venv")), "bin", "anolisnuma-ctl")
+DEMO_WIDTH = 100   # the demo's lines (and run-local's, on paths as long as the defaults) at most
+
+def unwrapped(text: str) -> str:
+    """The demo's statements as one line each: it wraps them at 100 columns, greedily, so an
+    indented line continues the one before exactly when its first word did not fit there."""
+    out: list = []
+    before = None   # the line above, as printed
+    for line in text.split("\n"):
+        words = line.split()
+        if before is not None and words and line.startswith(" ") and len(before) + 1 + len(words[0]) > DEMO_WIDTH:
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+        before = line
+    return "\n".join(out)
+
+
+def containerd_pid(base: str) -> int:
+    """The pid of the private containerd in ``base`` (its pidfile)."""
+    with open(os.path.join(base, "containerd.pid")) as f:
+        return int(f.read())
 
 
 def _processes_mentioning(text: str):
@@ -85,21 +107,31 @@ def test_demo_shows_the_two_pods_and_ctrl_c_removes_them(sockdir, tmp_path):
     try:
         wait_until(lambda: "stay until this script ends" in out.read_text() or script.poll() is not None,
                    "the demo to finish", timeout=180)
-        text = out.read_text()
+        text = unwrapped(out.read_text())
         assert script.poll() is None, text
-        # both pods were created through the proxy and the daemon tells what it did
-        assert "anolisnuma-demo  be-anolisbox" in text and "anolisnuma-demo  numa-web" in text, text
-        assert "qos:             BE (annotation anolisbox.sh/qoslevel=BE)" in text, text
-        assert text.count("numa: placed on node 0") == 2, text
+        # both pods were created through the proxy and the daemon tells what it did: each on
+        # a node of its own of the fake topology, said to be fake
+        assert "anolisnuma-demo  batch" in text and "anolisnuma-demo  web" in text, text
+        assert "runs as a proxy; the pods are made through its socket" in text, text
+        assert "It is FAKE: this machine has one node" in text, text
+        assert "  QoS   BE (annotation anolisbox.sh/qoslevel=BE); what BE writes on each kernel family:" in text
+        assert "  NUMA  node 0: cpus 0, memory not pinned (balance (namespace)); its container's cgroup reads" in text
+        assert "  NUMA  node 1: cpus 1, memory not pinned (balance (namespace)); its container's cgroup reads" in text
+        assert f"$ {VENV_CTL} --admin-socket {tmp_path}/run/admin.sock pods" in text, text
         local = (tmp_path / "run" / "local.toml").read_text()
         assert 'node_name = "my-node"' in local and '"anolisnuma-demo"' in local  # the user's file, and the demo's
+        ctd = containerd_pid(base)
         os.killpg(script.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
         assert script.wait(timeout=60) == 130
     finally:
         if script.poll() is None:
             os.killpg(script.pid, signal.SIGKILL)
             subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
-    assert "be-anolisbox removed" in out.read_text() and "numa-web removed" in out.read_text()
+    text = out.read_text()
+    assert "batch removed" in text and "web removed" in text
+    assert f"run-local: the private containerd (pid {ctd}) stopped\nrun-local: removed {base} and {run}\n" in text
+    assert text.endswith(f"run-local: kept: {tmp_path}/run (local.toml, local-state), {tmp_path}/local.log\n"
+                         f"run-local: ended (Ctrl-C)\n"), text
     assert not _processes_mentioning(base), "the private containerd outlived run-local.sh"
 
 
@@ -135,6 +167,29 @@ def test_a_missing_config_file_is_one_line(tmp_path):
     r = subprocess.run(["bash", SCRIPT, "--config", str(tmp_path / "absent.toml")], capture_output=True,
                        text=True, timeout=300, env=dict(os.environ, ANOLISNUMA_BIN_DIR=str(tmp_path / "bin")))
     assert r.returncode == 2 and "no configuration file" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run-local.sh runs as root")
+@pytest.mark.parametrize("mode", [[], ["--nri", "--demo"]])
+def test_a_bad_config_file_is_judged_by_the_daemon_before_anything_is_started(sockdir, tmp_path, mode):
+    # given: a file the daemon refuses (a misspelt key)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[numa]\nenabeld = true\n")
+    base, run = str(tmp_path / "ctd"), f"{sockdir}/ctd-run"
+    env = dict(os.environ, ANOLISNUMA_LISTEN=f"{sockdir}/local.sock", ANOLISNUMA_RUN_DIR=f"{sockdir}/run",
+               ANOLISNUMA_BIN_DIR=str(tmp_path / "bin"), ANOLISNUMA_ENDPOINT=f"{sockdir}/nobody.sock",
+               ANOLISNUMA_LOG_FILE=str(tmp_path / "local.log"),
+               ANOLISNUMA_PRIVATE_CONTAINERD_BASE=base, ANOLISNUMA_PRIVATE_CONTAINERD_RUN=run)
+    # when
+    r = subprocess.run(["bash", SCRIPT, "--config", str(bad), *mode], env=env, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=300)
+    # then: the daemon's own words, and nothing started, linked or written
+    assert r.returncode == 2, r.stderr
+    assert "anolisnuma: invalid configuration: numa.enabeld" in r.stderr, r.stderr
+    assert r.stderr.endswith(f"run-local: {bad} is not a configuration the daemon can run; nothing was started\n")
+    assert not os.path.exists(base) and not os.path.exists(run) and not os.path.exists(f"{sockdir}/run")
+    assert not os.path.exists(tmp_path / "bin") and not os.path.exists(tmp_path / "local.log")
+    assert not _processes_mentioning(base)
 
 
 # ---------------------------------------------------------------- another daemon already there
@@ -219,3 +274,70 @@ def test_the_demo_makes_no_pod_when_the_admin_socket_is_another_daemons(sockdir,
     finally:
         first.stop()
         fake.stop(0)
+
+
+# ---------------------------------------------------------------- the configuration it runs
+
+def local_config(monkeypatch, nodes: int, cpus: list):
+    """scripts/local_config.py as a module, on a machine of ``nodes`` NUMA nodes and ``cpus``."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("local_config", os.path.join(REPO_ROOT, "scripts", "local_config.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "real_nodes_with_cpus", lambda sys_root="/sys": nodes)
+    monkeypatch.setattr(module, "online_cpus", lambda sys_root="/sys": cpus)
+    return module
+
+
+PATHS = ["--endpoint", "/r/containerd.sock", "--listen", "/r/a.sock", "--state", "/r/state", "--log", "/r/log",
+         "--admin", "/r/admin.sock"]
+
+
+def test_the_run_config_is_the_users_file_with_this_runs_paths(monkeypatch, tmp_path):
+    import tomllib
+
+    from anolisnuma.testing.fake_sysfs import GIB, FakeTopology
+    # given: a file of the user's with [nri] and [numa] keys of their own
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[nri]\nplugin_index = "60"\n[numa]\nnamespaces = ["x"]\n')
+    module = local_config(monkeypatch, nodes=1, cpus=[0, 1])
+    sys_root = tmp_path / "demo-sys"
+    # when
+    assert module.main([str(mine), str(tmp_path / "local.toml"), *PATHS, "--nri", "/r/nri.sock",
+                        "--demo", str(sys_root), "--write-topology"]) == 0
+    # then: this run's paths, NRI on its socket, NUMA over the fake two nodes, the user's keys kept
+    with open(tmp_path / "local.toml", "rb") as f:
+        data = tomllib.load(f)
+    assert (data["runtime"]["endpoint"], data["server"]["listen"], data["admin"]["socket"]) == (
+        "/r/containerd.sock", "/r/a.sock", "/r/admin.sock")
+    assert data["nri"] == {"enabled": True, "socket": "/r/nri.sock", "plugin_index": "60"}
+    assert data["numa"]["namespaces"] == ["anolisnuma-demo", "x"] and data["numa"]["enabled"] is True
+    assert (data["paths"]["sys_root"], data["numa"]["memory_pinning"]) == (str(sys_root), "off")
+    # tests/e2e/test_numa_e2e.py's two_node_topology()
+    expected = FakeTopology(name="2n-2c-e2e", node_cpus={0: "0", 1: "1"}, distances=[[10, 20], [20, 10]],
+                            memory_bytes={0: 2 * GIB, 1: 2 * GIB})
+    assert (sys_root / "FAKE").read_text() == f"{expected.name}: node 0 = CPU 0, node 1 = CPU 1\n"
+    assert expected.topology(str(tmp_path / "e2e")) == expected.topology(str(sys_root))
+    from anolisnuma.config import Config
+    Config.load(str(tmp_path / "local.toml"))   # one the daemon runs
+
+
+@pytest.mark.parametrize("nodes, cpus", [(2, [0, 1, 2, 3]), (1, [0])])
+def test_the_demo_reads_the_real_topology_where_it_has_two_nodes_or_one_cpu(monkeypatch, tmp_path, nodes, cpus):
+    import tomllib
+    module = local_config(monkeypatch, nodes=nodes, cpus=cpus)
+    assert module.main([str(os.path.join(REPO_ROOT, "config.toml")), str(tmp_path / "local.toml"), *PATHS,
+                        "--demo", str(tmp_path / "demo-sys"), "--write-topology"]) == 0
+    with open(tmp_path / "local.toml", "rb") as f:
+        data = tomllib.load(f)
+    assert data["paths"]["sys_root"] == "/sys" and data["numa"]["memory_pinning"] != "off"
+    assert not (tmp_path / "demo-sys").exists()
+
+
+def test_a_file_that_is_no_toml_is_one_line_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[numa\n")
+    assert local_config(monkeypatch, 1, [0, 1]).main([str(bad), str(tmp_path / "local.toml"), *PATHS]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"run-local: {bad}") and err.count("\n") == 1
+    assert not (tmp_path / "local.toml").exists()

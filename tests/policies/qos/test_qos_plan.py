@@ -10,7 +10,9 @@ import pytest
 
 from anolisnuma.policies.qos.config import QosConfig
 from anolisnuma.policies.qos.levels import QosLevel as L
-from anolisnuma.policies.qos.plan import KernelFacts, decide_pod, describe_report, plan_kernel, sched_core_conflict
+from anolisnuma.policies.qos.plan import (
+    KernelFacts, decide_pod, describe_report, family_plans, plan_kernel, sched_core_conflict,
+)
 from anolisnuma.policies.qos.table import rows
 from anolisnuma.system import knobs as k
 from anolisnuma.system.cgroups import KubeQosClass as K
@@ -178,3 +180,26 @@ def test_with_no_offline_level_the_final_files_are_left_as_they_are():
     assert kept.level is L.LS and kept.refused
     assert "cpu.qos_level" not in values(kept.writes.pod) and values(kept.writes.pod)["cpu.bvt_warp_ns"] == 1
     assert kept.said().startswith("LS's online values refused, the pod stays offline")
+
+
+# ------------------------------------------------------------------ each family, for the demo
+
+def test_family_plans_are_each_familys_kernel_plan():
+    """What the demo shows a pod would get on each family is what that family's kernel plans."""
+    cfg = QosConfig()
+    plans = family_plans(rows(cfg))
+    assert sorted(plans) == ["alinux", "openeuler"]
+    for name, support in (("alinux", ALINUX), ("openeuler", OPENEULER)):
+        for level in L:
+            assert plans[name].levels[level].knob_values() == plan(support, cfg).levels[level].knob_values()
+    assert dict(plans["openeuler"].levels[L.BE].knob_values()) == {"cpu.qos_level": -1, "memory.qos_level": -1}
+    assert dict(plans["alinux"].levels[L.LS].knob_values())["cpu.bvt_warp_ns"] == 1
+    assert plans["openeuler"].levels[L.BE].held == ()   # the host switch is the family's own row's to turn
+
+
+def test_family_plans_follow_the_configuration():
+    cfg = QosConfig()
+    cfg.preemption.enabled = False
+    plans = family_plans(rows(cfg))
+    assert plans["openeuler"].levels[L.BE].knob_values() == ()
+    assert plans["alinux"].levels[L.BE].knob_values() != ()

@@ -1,0 +1,190 @@
+"""scripts/run-local.sh --nri: the daemon in NRI mode on a private containerd >= 1.7, and the
+demo's account of it (two pods on the two nodes of the tests' fake topology, each pod's QoS
+on every kernel family and on this kernel, the commands with this run's paths); and what
+it refuses before it starts anything."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from test_run_local import DEMO_WIDTH, PRIVATE, SCRIPT, VENV_CTL, _processes_mentioning, containerd_pid, unwrapped
+
+from anolisnuma.ctl.client import ask
+from anolisnuma.testing.containerd import cgroup_hierarchies, oom_score_adj_restricted, release_of_version
+from anolisnuma.testing.containerd_builds import build_named
+from anolisnuma.testing.daemon_probes import wait_until
+
+CTD22 = build_named("2.2")
+
+
+def kernel_cpus(parent: str, cid: str) -> str:
+    mnt = next(m for m, ctrls in cgroup_hierarchies() if "cpuset" in ctrls)
+    with open(os.path.join(mnt + parent, cid, "cpuset.cpus")) as f:
+        return f.read().strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run-local.sh starts containerd: needs root")
+@pytest.mark.skipif(CTD22.missing() is not None, reason=str(CTD22.missing()))
+def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stopped(sockdir, tmp_path):
+    # every path about as long as its default, so that the lines are as a user sees them
+    base, run, run_dir, log = f"{sockdir}/ctd", f"{sockdir}/ctd-run", f"{sockdir}/run", f"{sockdir}/local.log"
+    env = dict(os.environ, ANOLISNUMA_LISTEN=f"{sockdir}/local.sock", ANOLISNUMA_RUN_DIR=run_dir,
+               ANOLISNUMA_BIN_DIR=str(tmp_path / "bin"), ANOLISNUMA_LOG_FILE=log,
+               ANOLISNUMA_PRIVATE_CONTAINERD_BASE=base, ANOLISNUMA_PRIVATE_CONTAINERD_RUN=run,
+               ANOLISNUMA_CONTAINERD_DIR=CTD22.bin_dir)
+    out = tmp_path / "out"
+    with open(out, "w") as sink:
+        script = subprocess.Popen(["bash", SCRIPT, "--nri", "--demo"], env=env, stdin=subprocess.DEVNULL,
+                                  stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: "stay until this script ends" in out.read_text() or script.poll() is not None,
+                   "the demo to finish", timeout=180)
+        text = out.read_text()
+        assert script.poll() is None, text
+        said = unwrapped(text)
+        status = ask(f"{run_dir}/admin.sock", "status", timeout=10)
+        fe = status["front_end"]
+        # the daemon in NRI mode on the private containerd's own NRI socket, registered
+        assert (fe["mode"], fe["connected"], fe["socket"], fe["runtime"]) == (
+            "nri", True, f"{run}/nri.sock", "containerd v2.2.7")
+        assert status["runtime_endpoint"] == f"{run}/containerd.sock"
+        assert (f"demo: anolisnuma (pid {status['pid']}) runs in NRI mode, registered with containerd v2.2.7 as "
+                f"plugin 50-anolisnuma on {run}/nri.sock; the pods are made on containerd's socket "
+                f"{run}/containerd.sock") in said, text
+        restrict = "restrict_oom_score_adj = true" in open(f"{base}/config.toml").read()
+        assert restrict == oom_score_adj_restricted()
+        assert ("run-local: runs with restrict_oom_score_adj = true" in text) == restrict
+        # two pods, each on a node of its own of the fake topology (said to be fake), as the
+        # daemon tells it and as the kernel's cgroups read
+        assert ("It is FAKE: this machine has one node, so placement reads the e2e tests' topology 2n-2c-e2e "
+                f"from {run_dir}/demo-sys ([paths] sys_root)") in said, text
+        nodes = {}
+        for name in ("batch", "web"):
+            pod = ask(f"{run_dir}/admin.sock", "explain", {"pod": f"anolisnuma-demo/{name}"}, timeout=10)[-1]
+            (node,) = pod["numa"]["nodes"]
+            (container,) = pod["pod"]["containers"]
+            assert kernel_cpus(pod["pod"]["cgroup_parent"], container["id"]) == str(node)   # node N = CPU N
+            assert (f"  NUMA  node {node}: cpus {node}, memory not pinned (balance (namespace)); its container's "
+                    f"cgroup reads cpuset.cpus = {node}") in said, text
+            nodes[name] = node
+        assert sorted(nodes.values()) == [0, 1]
+        assert fe["events"] > 0 and fe["events_failed"] == 0
+        # each pod's QoS: its level, what it writes on each family, and what this kernel let it write
+        for line in ("  QoS   BE (annotation anolisbox.sh/qoslevel=BE); what BE writes on each kernel family:",
+                     "        openEuler: cpu.qos_level=-1, memory.qos_level=-1",
+                     "        Alibaba Cloud Linux / Anolis: cpu.bvt_warp_ns=-1, memory.priority=0, "
+                     "memory.use_priority_oom=1, memory.wmark_ratio=95, memory.wmark_scale_factor=20, "
+                     "memory.wmark_min_adj=50",
+                     "  QoS   LS (kube QoS class burstable maps to LS); what LS writes on each kernel family:",
+                     "        openEuler: cpu.qos_level=0, memory.qos_level=0",
+                     "        Alibaba Cloud Linux / Anolis: cpu.bvt_warp_ns=1, memory.priority=10, "
+                     "memory.use_priority_oom=1, memory.wmark_ratio=95, memory.wmark_scale_factor=20, "
+                     "memory.wmark_min_adj=-25"):
+            assert line in said.splitlines(), f"{line!r} not in:\n{said}"
+        if status["knobs"]["family"] == "none":   # a mainline kernel, as these machines run
+            here = f"        this kernel (Linux {os.uname().release}, neither family's files): nothing written"
+            assert said.splitlines().count(here) == 2, text
+        # the commands printed are this run's: its admin socket, containerd's socket; never a default path
+        assert f"\n$ {VENV_CTL} --admin-socket {run_dir}/admin.sock pods\n" in text, text
+        assert f"(all of it: {VENV_CTL} --admin-socket {run_dir}/admin.sock explain anolisnuma-demo/NAME)" in said
+        assert f"demo.py --remove --socket {run}/containerd.sock" in said, text
+        assert f"run-local: kubelet/crictl endpoint: unix://{run}/containerd.sock (containerd's)" in text
+        for default in ("/run/anolisnuma/", "/var/run/anolisnuma", "/run/anolisnuma-containerd", "/var/run/nri"):
+            assert default not in text, default
+        assert max(len(line) for line in text.splitlines()) <= DEMO_WIDTH, text
+        daemon, ctd = status["pid"], containerd_pid(base)
+        os.killpg(script.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+        assert script.wait(timeout=60) == 130
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
+    text = out.read_text()
+    closing = text[text.index("run-local: the demo's pods stay"):].splitlines()[1:]
+    assert closing == ["demo: anolisnuma-demo/batch removed", "demo: anolisnuma-demo/web removed",
+                       "run-local: the demo's pods removed", f"run-local: anolisnuma (pid {daemon}) stopped",
+                       f"run-local: the private containerd (pid {ctd}) stopped", f"run-local: removed {base} and {run}",
+                       f"run-local: kept: {run_dir} (local.toml, local-state), {log}",
+                       "run-local: ended (Ctrl-C)"], text
+    assert max(len(line) for line in text.splitlines()) <= DEMO_WIDTH, text
+    wait_until(lambda: not _processes_mentioning(f"{run_dir}/local.toml"), "the daemon to end with run-local.sh")
+    assert not _processes_mentioning(base) and not _processes_mentioning(run)
+    assert not os.path.exists(base) and not os.path.exists(run)
+
+
+# ---------------------------------------------------------------- no containerd >= 1.7
+
+def fake_containerd(directory, version_line: str, binaries=("containerd", "ctr", "containerd-shim-runc-v2")) -> str:
+    """A directory whose binaries print ``version_line`` for --version (what a hostile or
+    wrong ANOLISNUMA_CONTAINERD_DIR may hold)."""
+    os.makedirs(directory, exist_ok=True)
+    for name in binaries:
+        path = os.path.join(directory, name)
+        with open(path, "w") as f:
+            f.write(f"#!/bin/sh\necho '{version_line}'\n")
+        os.chmod(path, 0o755)
+    return str(directory)
+
+
+@pytest.mark.parametrize("given, said", [
+    ({"version_line": "containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1"},
+     "is 1.6.20~ds1: NRI needs 1.7 or later"),
+    ({"version_line": "\x1b]0;owned\x07 garbage"}, "NRI needs 1.7 or later"),
+    ({"version_line": "containerd x v2.2.7 y", "binaries": ("containerd", "ctr")},
+     "containerd-shim-runc-v2 not found in"),
+])
+def test_check_nri_refuses_what_is_not_a_containerd_of_1_7_or_later(tmp_path, given, said):
+    d = fake_containerd(tmp_path / "ctd-bin", **given)
+    r = subprocess.run([sys.executable, PRIVATE, "check-nri"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, ANOLISNUMA_CONTAINERD_DIR=d))
+    assert r.returncode == 1 and said in r.stderr, r.stderr
+    assert "https://github.com/containerd/containerd/releases" in r.stderr   # where to get one
+    assert "\x1b" not in r.stderr and "\x07" not in r.stderr   # what it printed, escaped
+
+
+def test_check_nri_names_the_containerd_it_would_run(tmp_path):
+    d = fake_containerd(tmp_path / "ctd-bin", "containerd github.com/containerd/containerd v1.7.34 fb9028b9")
+    r = subprocess.run([sys.executable, PRIVATE, "check-nri"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, ANOLISNUMA_CONTAINERD_DIR=d))
+    assert (r.returncode, r.stdout) == (0, f"private-containerd: --nri runs containerd v1.7.34 of {d}\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run-local.sh runs as root")
+def test_nri_without_a_containerd_of_1_7_stops_before_it_starts_anything(sockdir, tmp_path):
+    d = fake_containerd(tmp_path / "ctd-bin", "containerd github.com/containerd/containerd 1.6.20~ds1 x")
+    base, run = str(tmp_path / "ctd"), f"{sockdir}/ctd-run"
+    env = dict(os.environ, ANOLISNUMA_LISTEN=f"{sockdir}/local.sock", ANOLISNUMA_RUN_DIR=f"{sockdir}/run",
+               ANOLISNUMA_BIN_DIR=str(tmp_path / "bin"), ANOLISNUMA_LOG_FILE=str(tmp_path / "local.log"),
+               ANOLISNUMA_PRIVATE_CONTAINERD_BASE=base, ANOLISNUMA_PRIVATE_CONTAINERD_RUN=run,
+               ANOLISNUMA_CONTAINERD_DIR=d)
+    r = subprocess.run(["bash", SCRIPT, "--nri", "--demo"], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert f"the containerd of $ANOLISNUMA_CONTAINERD_DIR ({d}) is 1.6.20~ds1: NRI needs 1.7 or later" in r.stderr
+    assert r.stderr.endswith("run-local: nothing was started\n")
+    assert not os.path.exists(base) and not os.path.exists(run) and not os.path.exists(f"{sockdir}/run")
+    assert not os.path.exists(tmp_path / "bin")
+
+
+# ---------------------------------------------------------------- the pieces, pure
+
+@pytest.mark.parametrize("bnd, eff, restricted", [
+    ("000001fffeffffff", "000001fffeffffff", True),    # these VMs: bit 24 (CAP_SYS_RESOURCE) missing
+    ("000001ffffffffff", "000001ffffffffff", False),
+    ("000001ffffffffff", "0000000000000000", True),    # not effective: runc inherits none
+    ("zz", "zz", True),                                # unreadable: the setting that works everywhere
+])
+def test_oom_score_adj_restriction_is_read_from_the_capabilities(tmp_path, bnd, eff, restricted):
+    status = tmp_path / "status"
+    status.write_text(f"Name:\tpython\nCapInh:\t0000000000000000\nCapEff:\t{eff}\nCapBnd:\t{bnd}\n")
+    assert oom_score_adj_restricted(str(status)) is restricted
+    assert oom_score_adj_restricted(str(tmp_path / "absent")) is True
+
+
+def test_release_reads_build_names_and_version_words():
+    assert [release_of_version(v) for v in ("1.7", "v2.2.7", "1.6.20~ds1", "garbage", "")] == [
+        (1, 7), (2, 2), (1, 6), (0, 0), (0, 0)]
