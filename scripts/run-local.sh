@@ -70,6 +70,9 @@
 # (the script runs as root and runs what ANOLISNUMA_CONTAINERD_DIR and ANOLISNUMA_VENV hold:
 # whoever may write there, or set them, runs code as root).
 set -euo pipefail
+# Run as root: no Python it starts takes modules from the directory it was started in (a
+# grp.py there would run). Python 3.11 and later read this; older ones ignore it.
+export PYTHONSAFEPATH=1
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${ANOLISNUMA_VENV:-$HERE/.venv}
 LISTEN=${ANOLISNUMA_LISTEN:-/var/run/anolisnuma/anolisnuma.sock}
@@ -137,6 +140,8 @@ if ! said=$("$VENV/bin/anolisnuma" --check-config -c "$checked/local.toml" 2>&1)
   echo "run-local: $CONFIG is not a configuration the daemon can run; nothing was started" >&2
   exit 2
 fi
+# its warnings, but the one of a private containerd's socket, which is not there until started
+grep '^anolisnuma: warning: ' <<<"$said" | { [ "$private" = 1 ] && grep -v ': runtime.endpoint: ' || cat; } >&2 || true
 rm -rf "$checked"
 trap - EXIT
 
