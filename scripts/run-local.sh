@@ -231,7 +231,11 @@ cleanup() {
   for line in ${done_lines[@]+"${done_lines[@]}"}; do
     echo "run-local: $line" >&2
   done
-  echo "run-local: kept: $RUN_DIR (local.toml, local-state), $LOG_FILE" >&2
+  local kept="" f
+  for f in local.toml local-state demo-sys; do
+    if [ -e "$RUN_DIR/$f" ]; then kept+="${kept:+, }$f"; fi
+  done
+  if [ -n "$kept" ]; then echo "run-local: kept: $RUN_DIR ($kept), $LOG_FILE" >&2; fi
   echo "run-local: ended ($why)" >&2
   exit "$rc"
 }
@@ -268,7 +272,7 @@ mkdir -p "$RUN_DIR"
   --write-topology
 if [ "$nri" = 1 ]; then
   echo "run-local: anolisnuma in NRI mode on $nri_socket; Ctrl-C stops" >&2
-  echo "run-local: kubelet/crictl endpoint: unix://$endpoint (containerd's)" >&2
+  echo "run-local: for a kubelet or crictl: unix://$endpoint" >&2
 else
   echo "run-local: anolisnuma on $LISTEN -> $endpoint; Ctrl-C stops" >&2
 fi

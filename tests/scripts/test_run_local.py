@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,12 @@ PRIVATE = os.path.join(REPO_ROOT, "scripts", "private-containerd")
 DEMO = os.path.join(REPO_ROOT, "scripts", "demo.py")
 VENV_CTL = os.path.join(os.environ.get("ANOLISNUMA_VENV", os.path.join(REPO_ROOT, ".venv")), "bin", "anolisnuma-ctl")
 DEMO_WIDTH = 100   # the demo's lines (and run-local's, on paths as long as the defaults) at most
+
+
+def ctl_shown() -> str:
+    """How the demo prints the anolisnuma-ctl it runs: by name when PATH's is that one."""
+    on_path = shutil.which("anolisnuma-ctl")
+    return "anolisnuma-ctl" if on_path and os.path.realpath(on_path) == os.path.realpath(VENV_CTL) else VENV_CTL
 
 def unwrapped(text: str) -> str:
     """The demo's statements as one line each: it wraps them at 100 columns, greedily, so an
@@ -75,12 +82,17 @@ def test_sigterm_stops_the_proxy_and_the_private_containerd(sockdir, tmp_path):
         config = str(tmp_path / "run" / "local.toml")
         assert _processes_mentioning(config), "the proxy is not running"
         assert _processes_mentioning(base), "no private containerd was started"
+        ctd = containerd_pid(base)
         script.send_signal(signal.SIGTERM)
         assert script.wait(timeout=60) == 143
     finally:
         if script.poll() is None:
             os.killpg(script.pid, signal.SIGKILL)
             subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
+    said = script.stderr.read()
+    assert said.endswith(f"run-local: the private containerd (pid {ctd}) stopped\nrun-local: removed {base} and {run}\n"
+                         f"run-local: kept: {tmp_path}/run (local.toml, local-state), {tmp_path}/local.log\n"
+                         f"run-local: ended (SIGTERM)\n"), said
     # (processes are reaped a moment after the script returned)
     wait_until(lambda: not _processes_mentioning(config), "the proxy to end with run-local.sh")
     wait_until(lambda: not _processes_mentioning(base), "the private containerd to end with run-local.sh")
@@ -117,7 +129,7 @@ def test_demo_shows_the_two_pods_and_ctrl_c_removes_them(sockdir, tmp_path):
         assert "  QoS   BE (annotation anolisbox.sh/qoslevel=BE); what BE writes on each kernel family:" in text
         assert "  NUMA  node 0: cpus 0, memory not pinned (balance (namespace)); its container's cgroup reads" in text
         assert "  NUMA  node 1: cpus 1, memory not pinned (balance (namespace)); its container's cgroup reads" in text
-        assert f"$ {VENV_CTL} --admin-socket {tmp_path}/run/admin.sock pods" in text, text
+        assert f"$ {ctl_shown()} --admin-socket {tmp_path}/run/admin.sock pods" in text, text
         local = (tmp_path / "run" / "local.toml").read_text()
         assert 'node_name = "my-node"' in local and '"anolisnuma-demo"' in local  # the user's file, and the demo's
         ctd = containerd_pid(base)
@@ -130,8 +142,8 @@ def test_demo_shows_the_two_pods_and_ctrl_c_removes_them(sockdir, tmp_path):
     text = out.read_text()
     assert "batch removed" in text and "web removed" in text
     assert f"run-local: the private containerd (pid {ctd}) stopped\nrun-local: removed {base} and {run}\n" in text
-    assert text.endswith(f"run-local: kept: {tmp_path}/run (local.toml, local-state), {tmp_path}/local.log\n"
-                         f"run-local: ended (Ctrl-C)\n"), text
+    assert text.endswith(f"run-local: kept: {tmp_path}/run (local.toml, local-state, demo-sys), "
+                         f"{tmp_path}/local.log\nrun-local: ended (Ctrl-C)\n"), text
     assert not _processes_mentioning(base), "the private containerd outlived run-local.sh"
 
 

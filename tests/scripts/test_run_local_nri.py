@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from test_run_local import DEMO_WIDTH, PRIVATE, SCRIPT, VENV_CTL, _processes_mentioning, containerd_pid, unwrapped
+from test_run_local import DEMO_WIDTH, PRIVATE, SCRIPT, _processes_mentioning, containerd_pid, ctl_shown, unwrapped
 
 from anolisnuma.ctl.client import ask
 from anolisnuma.testing.containerd import cgroup_hierarchies, oom_score_adj_restricted, release_of_version
@@ -31,7 +31,7 @@ def kernel_cpus(parent: str, cid: str) -> str:
 @pytest.mark.skipif(CTD22.missing() is not None, reason=str(CTD22.missing()))
 def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stopped(sockdir, tmp_path):
     # every path about as long as its default, so that the lines are as a user sees them
-    base, run, run_dir, log = f"{sockdir}/ctd", f"{sockdir}/ctd-run", f"{sockdir}/run", f"{sockdir}/local.log"
+    base, run, run_dir, log = f"{sockdir}/ctd", f"{sockdir}/ctd-run", f"{sockdir}/run", f"{sockdir}/log"
     env = dict(os.environ, ANOLISNUMA_LISTEN=f"{sockdir}/local.sock", ANOLISNUMA_RUN_DIR=run_dir,
                ANOLISNUMA_BIN_DIR=str(tmp_path / "bin"), ANOLISNUMA_LOG_FILE=log,
                ANOLISNUMA_PRIVATE_CONTAINERD_BASE=base, ANOLISNUMA_PRIVATE_CONTAINERD_RUN=run,
@@ -89,10 +89,10 @@ def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stop
             here = f"        this kernel (Linux {os.uname().release}, neither family's files): nothing written"
             assert said.splitlines().count(here) == 2, text
         # the commands printed are this run's: its admin socket, containerd's socket; never a default path
-        assert f"\n$ {VENV_CTL} --admin-socket {run_dir}/admin.sock pods\n" in text, text
-        assert f"(all of it: {VENV_CTL} --admin-socket {run_dir}/admin.sock explain anolisnuma-demo/NAME)" in said
+        assert f"\n$ {ctl_shown()} --admin-socket {run_dir}/admin.sock pods\n" in text, text
+        assert f"(all of it: {ctl_shown()} --admin-socket {run_dir}/admin.sock explain anolisnuma-demo/NAME)" in said
         assert f"demo.py --remove --socket {run}/containerd.sock" in said, text
-        assert f"run-local: kubelet/crictl endpoint: unix://{run}/containerd.sock (containerd's)" in text
+        assert f"run-local: for a kubelet or crictl: unix://{run}/containerd.sock" in text
         for default in ("/run/anolisnuma/", "/var/run/anolisnuma", "/run/anolisnuma-containerd", "/var/run/nri"):
             assert default not in text, default
         assert max(len(line) for line in text.splitlines()) <= DEMO_WIDTH, text
@@ -108,7 +108,7 @@ def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stop
     assert closing == ["demo: anolisnuma-demo/batch removed", "demo: anolisnuma-demo/web removed",
                        "run-local: the demo's pods removed", f"run-local: anolisnuma (pid {daemon}) stopped",
                        f"run-local: the private containerd (pid {ctd}) stopped", f"run-local: removed {base} and {run}",
-                       f"run-local: kept: {run_dir} (local.toml, local-state), {log}",
+                       f"run-local: kept: {run_dir} (local.toml, local-state, demo-sys), {log}",
                        "run-local: ended (Ctrl-C)"], text
     assert max(len(line) for line in text.splitlines()) <= DEMO_WIDTH, text
     wait_until(lambda: not _processes_mentioning(f"{run_dir}/local.toml"), "the daemon to end with run-local.sh")
