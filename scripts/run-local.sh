@@ -271,12 +271,13 @@ mkdir -p "$RUN_DIR"
 "$VENV/bin/python" "$HERE/scripts/local_config.py" "$CONFIG" "$RUN_DIR/local.toml" "${CONFIG_ARGS[@]}" \
   --write-topology
 if [ "$nri" = 1 ]; then
-  echo "run-local: anolisnuma in NRI mode on $nri_socket; Ctrl-C stops" >&2
+  echo "run-local: anolisnuma in NRI mode on $nri_socket" >&2
   echo "run-local: for a kubelet or crictl: unix://$endpoint" >&2
 else
-  echo "run-local: anolisnuma on $LISTEN -> $endpoint; Ctrl-C stops" >&2
+  echo "run-local: anolisnuma runs as a proxy in front of $endpoint" >&2
+  echo "run-local: for a kubelet or crictl: unix://$LISTEN" >&2
 fi
-echo "run-local: its log: $LOG_FILE" >&2
+echo "run-local: its log: $LOG_FILE; Ctrl-C stops" >&2
 # Big replies (ListContainers on a full node) cost far less when glibc keeps its buffers.
 export MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456
 # In the background and waited for, so that a signal to this script reaches the trap at once.
