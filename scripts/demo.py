@@ -204,6 +204,8 @@ def _alive(pid: int) -> bool:
 
 def say(text: str, indent: str = "      ") -> None:
     """One demo statement, wrapped at WIDTH columns (a leading newline kept as a blank line)."""
+    # (it quotes the daemon, which quotes containerd and pods: escaped like anolisnuma-ctl's output)
+    text = printable(text, keep="\n")
     lead = text[:len(text) - len(text.lstrip("\n"))]
     print(lead + textwrap.fill(text.lstrip("\n"), WIDTH, subsequent_indent=indent, break_long_words=False,
                                break_on_hyphens=False))

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from test_run_local import DEMO_WIDTH, PRIVATE, SCRIPT, _processes_mentioning, containerd_pid, ctl_shown, unwrapped
+from test_run_local import DEMO, DEMO_WIDTH, PRIVATE, SCRIPT, _processes_mentioning, containerd_pid, ctl_shown, unwrapped
 
 from anolisnuma.ctl.client import ask
 from anolisnuma.testing.containerd import cgroup_hierarchies, oom_score_adj_restricted, release_of_version
@@ -188,3 +188,53 @@ def test_oom_score_adj_restriction_is_read_from_the_capabilities(tmp_path, bnd, 
 def test_release_reads_build_names_and_version_words():
     assert [release_of_version(v) for v in ("1.7", "v2.2.7", "1.6.20~ds1", "garbage", "")] == [
         (1, 7), (2, 2), (1, 6), (0, 0), (0, 0)]
+
+
+# ---------------------------------------------------------------- the demo's NRI checks
+
+def demo_module(monkeypatch, statuses):
+    """scripts/demo.py as a module whose admin socket answers ``statuses`` in turn."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("demo", DEMO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    answers = iter(statuses)
+    monkeypatch.setattr(module, "ask", lambda path, command, args=None, timeout=20.0: next(answers))
+    monkeypatch.setattr(module.time, "sleep", lambda seconds: None)
+    return module
+
+
+def nri_status(**front_end):
+    fe = {"mode": "nri", "socket": "/r/nri.sock", "connected": True, "runtime": "containerd v2.2.7",
+          "registrations": 1, "synchronizes": 1, "last_disconnect": None}
+    fe.update(front_end)
+    return {"pid": 42, "listen": "/r/anolisnuma.sock", "runtime_endpoint": "/r/containerd.sock", "front_end": fe}
+
+
+def demo_args(socket="/r/containerd.sock"):
+    import argparse
+    return argparse.Namespace(socket=socket, admin_socket="/r/admin.sock", daemon_pid=42)
+
+
+def test_the_demo_makes_no_pod_for_a_daemon_on_another_containerds_nri(monkeypatch):
+    demo = demo_module(monkeypatch, [nri_status()])
+    why, _ = demo.not_our_daemon(demo_args(socket="/other/containerd.sock"))
+    assert why == ("the daemon on /r/admin.sock (pid 42) takes its pods from the NRI of the containerd on "
+                   "/r/containerd.sock, not /other/containerd.sock: it would not hear of the demo's pods")
+
+
+def test_the_demo_waits_for_the_registration_not_the_connection(monkeypatch):
+    # connected, then configured (containerd named), then synchronized: only then the pods
+    statuses = [nri_status(runtime=None, registrations=0, synchronizes=0), nri_status(synchronizes=0),
+                nri_status(), nri_status(events=7)]
+    demo = demo_module(monkeypatch, statuses)
+    why, status = demo.not_our_daemon(demo_args())
+    assert why is None and status == statuses[2]
+
+
+def test_the_demo_gives_up_on_a_plugin_never_registered_and_says_why(monkeypatch):
+    demo = demo_module(monkeypatch, [nri_status(connected=False, last_disconnect="refused\x1b[2J")] * 3)
+    monkeypatch.setattr(demo, "ADMIN_WAIT_SECONDS", 0.0)
+    why, _ = demo.not_our_daemon(demo_args())
+    assert why == ("the daemon (pid 42) is not registered with containerd's NRI on /r/nri.sock within 0s "
+                   "(refused\x1b[2J)")   # (printed escaped, as every refusal of main())
