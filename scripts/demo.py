@@ -120,7 +120,8 @@ def demo_pods(cri: Cri) -> List[Any]:
 
 
 def remove(cri: Cri) -> int:
-    for pod in demo_pods(cri):
+    # (in name order: containerd lists them in no set order)
+    for pod in sorted(demo_pods(cri), key=lambda p: (p.metadata.namespace, p.metadata.name, p.id)):
         cri.call("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=pod.id), pb.StopPodSandboxResponse)
         cri.call("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=pod.id), pb.RemovePodSandboxResponse)
         for qos in ("besteffort", "burstable"):  # where pod_config put it, from the pod's uid
