@@ -18,7 +18,7 @@ from anolisnuma.testing.containerd import cgroup_hierarchies, oom_score_adj_rest
 from anolisnuma.testing.containerd_builds import build_named
 from anolisnuma.testing.daemon_probes import wait_until
 
-CTD22 = build_named("2.2")
+BUILDS = [build_named(name) for name in ("1.7", "2.2")]   # NRI v0.8.0 and v0.11.0
 
 
 def kernel_cpus(parent: str, cid: str) -> str:
@@ -28,14 +28,17 @@ def kernel_cpus(parent: str, cid: str) -> str:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="run-local.sh starts containerd: needs root")
-@pytest.mark.skipif(CTD22.missing() is not None, reason=str(CTD22.missing()))
-def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stopped(sockdir, tmp_path):
+@pytest.mark.parametrize("build", BUILDS, ids=[b.name for b in BUILDS])
+def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stopped(sockdir, tmp_path, build):
+    if build.missing() is not None:
+        pytest.skip(build.missing())
+    runtime = f"containerd {build.version()}"   # as containerd names itself to the plugin
     # every path about as long as its default, so that the lines are as a user sees them
     base, run, run_dir, log = f"{sockdir}/ctd", f"{sockdir}/ctd-run", f"{sockdir}/run", f"{sockdir}/log"
     env = dict(os.environ, ANOLISNUMA_LISTEN=f"{sockdir}/local.sock", ANOLISNUMA_RUN_DIR=run_dir,
                ANOLISNUMA_BIN_DIR=str(tmp_path / "bin"), ANOLISNUMA_LOG_FILE=log,
                ANOLISNUMA_PRIVATE_CONTAINERD_BASE=base, ANOLISNUMA_PRIVATE_CONTAINERD_RUN=run,
-               ANOLISNUMA_CONTAINERD_DIR=CTD22.bin_dir)
+               ANOLISNUMA_CONTAINERD_DIR=build.bin_dir)
     out = tmp_path / "out"
     with open(out, "w") as sink:
         script = subprocess.Popen(["bash", SCRIPT, "--nri", "--demo"], env=env, stdin=subprocess.DEVNULL,
@@ -50,9 +53,9 @@ def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stop
         fe = status["front_end"]
         # the daemon in NRI mode on the private containerd's own NRI socket, registered
         assert (fe["mode"], fe["connected"], fe["socket"], fe["runtime"]) == (
-            "nri", True, f"{run}/nri.sock", "containerd v2.2.7")
+            "nri", True, f"{run}/nri.sock", runtime)
         assert status["runtime_endpoint"] == f"{run}/containerd.sock"
-        assert (f"demo: anolisnuma (pid {status['pid']}) runs in NRI mode, registered with containerd v2.2.7 as "
+        assert (f"demo: anolisnuma (pid {status['pid']}) runs in NRI mode, registered with {runtime} as "
                 f"plugin 50-anolisnuma on {run}/nri.sock; the pods are made on containerd's socket "
                 f"{run}/containerd.sock") in said, text
         restrict = "restrict_oom_score_adj = true" in open(f"{base}/config.toml").read()
