@@ -140,8 +140,9 @@ class HookStages:
         return budget
 
     def _inline(self, pc: Any, hook: H.Hook, stage: str) -> bool:
-        return (self._long_inline.get((hook.name, pc.method, stage), 0) < INLINE_STRIKES
-                and hook.inline(pc.method, stage))
+        inline = getattr(hook, "inline", None)   # (a hook written to the protocol, not the base class, has none)
+        return (inline is not None and self._long_inline.get((hook.name, pc.method, stage), 0) < INLINE_STRIKES
+                and inline(pc.method, stage))
 
     async def _run_hook(self, pc: Any, hook: H.Hook, stage: str, call: H.Call) -> Optional[BaseException]:
         """Run one hook stage within its budget; the error it raised (or a timeout), else None."""
