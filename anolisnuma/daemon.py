@@ -26,7 +26,7 @@ from anolisnuma.controller import Controller, Controllers
 from anolisnuma.cri.client import CriClient
 from anolisnuma.pipeline.hooks import Hook
 from anolisnuma.pipeline.interceptor import HOOK_THREADS, Interceptor
-from anolisnuma.reconcile.resync import RuntimeResync
+from anolisnuma.reconcile.resync import RuntimeResync, tell_adopted
 from anolisnuma.state.store import Store
 from anolisnuma.system import sd_notify
 from anolisnuma.system.open_files import open_files_soft_limit, raise_open_files_limit
@@ -358,6 +358,7 @@ class Daemon:
         for hook in self.hooks:
             try:
                 await loop.run_in_executor(self.executor, hook.resync, pods, containers, self.interceptor.recent)
+                await loop.run_in_executor(self.executor, tell_adopted, hook, resync.adopted)
                 await loop.run_in_executor(self.executor, hook.start)
                 loops = await loop.run_in_executor(self.executor, hook.controllers, self._connect, self.store)
             except Exception as e:
