@@ -379,6 +379,7 @@ class Daemon:
                 self.controllers.add(controller)
             for controller in loops:
                 await self._start_controller(controller)
+        resync.after_pass = self._wake_repinners
         self.controllers.add(resync)
         await self._start_controller(resync)
         if self.nri is not None:

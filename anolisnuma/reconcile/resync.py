@@ -129,6 +129,9 @@ class RuntimeResync(Controller):
         self._retry_in: Optional[float] = None
         self.not_ready: frozenset = frozenset()
         self.adopted: List[PodRecord] = []   # the last listing's pods new to the store
+        # called after each pass that the hooks saw (the daemon wakes its re-pinners: what
+        # the pass adopted unpinned is pinned now, not at the re-pinner's next interval)
+        self.after_pass: Optional[Callable[[], None]] = None
 
     def listing(self) -> Tuple[List[PodRecord], List[ContainerRecord]]:
         """The store's pass and the reaping after it (the daemon's start-up runs the hooks
@@ -187,6 +190,8 @@ class RuntimeResync(Controller):
             except Exception as e:   # one hook's failure must not keep the others stale
                 self.hook_errors += 1
                 log.error("hook resync failed", hook=hook.name, error=repr(e))
+        if self.after_pass is not None:
+            self.after_pass()
         return len(pods), len(containers)
 
     @property
