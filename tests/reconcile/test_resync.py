@@ -146,6 +146,17 @@ def test_the_pods_new_to_the_store_are_named_to_the_hooks_after_their_resync():
     assert hook.adopted == [[sid(2)], [sid(3)]]   # pod 2 named once: the store knows it now
 
 
+def test_each_pass_the_hooks_saw_is_followed_by_after_pass():
+    """(The daemon wakes its re-pinners there: what a pass adopted unpinned is pinned now.)"""
+    ctd, calls = Listing(), []
+    ctd.pod(1)
+    loop = RuntimeResync(lambda: ctd, Store(), [Hook("numa")], RecentCalls(), interval_seconds=60)
+    loop.after_pass = lambda: calls.append(len(loop.adopted))
+    loop.step()
+    loop.step()
+    assert calls == [1, 0]
+
+
 def test_recent_calls_are_left_alone_for_the_next_two_listings_only():
     recent = RecentCalls()
     recent.note("a", "", "b")
