@@ -115,6 +115,7 @@ class NriPlugin(Controller):
         self._unregistered_since = time.monotonic()
         self._door_seen: Optional[Tuple[int, int, int]] = None   # the socket's identity at the last try
         self._tried = False
+        self._watch = True   # whether the pause after the last try watches the socket
         self.runtime = ""            # "containerd v2.2.7", from Configure
         self.request_timeout_ms = 0  # containerd's plugin_request_timeout, from Configure
         self.last_disconnect = ""
@@ -170,11 +171,11 @@ class NriPlugin(Controller):
             # pods that are not there: we do not connect
             self.n["connect_refused_untrusted"] += 1
             self._back_off("not connected: " + e.unsafe.describe("another user could listen there in containerd's "
-                                                                "place"))
+                                                                "place"), watch=False)
             return
         except door.UntrustedPeer as e:
             self.n["connect_refused_peer"] += 1
-            self._back_off(f"not connected: {e}")
+            self._back_off(f"not connected: {e}", watch=False)
             return
         except OSError as e:
             self.n["connect_failures"] += 1
@@ -224,22 +225,28 @@ class NriPlugin(Controller):
         starts (a new inode, also over a stale file a ``kill -9`` left), so the plugin
         registers within that of containerd's NRI being back, whatever the backoff grew to
         while it was away. A socket that is there but refuses, or that was there all along,
-        keeps the backoff. (Polling rather than inotify: nothing to hold open, and a removed
+        keeps the backoff, as does a refused path or listener (``_back_off``'s ``watch``). (Polling rather than inotify: nothing to hold open, and a removed
         directory, a path through links or a socket bound over a stale one need no case.)"""
         deadline = time.monotonic() + delay
         while not self._stopping:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            if self._wake.wait(min(left, DOOR_POLL_SECONDS)):
+            if self._wake.wait(min(left, DOOR_POLL_SECONDS) if self._watch else left):
                 self._wake.clear()   # woken (wake, stop): try now
                 return
+            if not self._watch:
+                continue
             now = door.identity(self.config.socket)
             if now is not None and now != self._door_seen:
                 log.info("NRI: containerd's socket is there again; connecting", socket=self.config.socket)
                 return
 
-    def _back_off(self, why: str) -> None:
+    def _back_off(self, why: str, watch: bool = True) -> None:
+        """Log ``why`` and grow the delay; ``watch`` False: the pause is the whole delay, the
+        socket not watched (a path or listener another user controls: that user could
+        otherwise make it try, and log, at the poll's rate)."""
+        self._watch = watch
         self._delay = min(max(self._delay * 2, FIRST_RETRY_SECONDS),
                           self.config.reconnect_max_seconds) * random.uniform(0.8, 1.2)
         self.last_error = why

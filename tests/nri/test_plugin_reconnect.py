@@ -6,7 +6,9 @@ tests/e2e/test_nri_e2e.py::test_nri_registers_within_a_second_of_containerds_soc
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
 import time
 from typing import Any, List, Tuple
 
@@ -138,3 +140,43 @@ def test_past_the_wait_live_moves_go_through_cri(tmp_path, nri_loop, monkeypatch
     repinner = CpusetRepinner(placement, plugin)
     assert plugin.ready() and repinner.step() == 1
     assert cri_client.updates == [("c1", "1")] and plugin.n["updates_via_cri"] == 1
+
+
+def test_a_socket_another_user_keeps_making_again_does_not_make_it_try_faster(tmp_path, nri_loop, monkeypatch):
+    """Hostile: whoever may write in the socket's directory is refused (test_plugin.py); the
+    watch must not let them make the plugin try, and log a refusal, at the poll's rate."""
+    monkeypatch.setattr("anolisnuma.nri.plugin.FIRST_RETRY_SECONDS", 1.0)
+    d = tmp_path / "nri"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    path = str(d / "nri.sock")
+    tries: List[float] = []
+    real = door.connect
+    monkeypatch.setattr(door, "connect", lambda p, t: (tries.append(time.monotonic()), real(p, t))[1])
+    stop = threading.Event()
+
+    def churn() -> None:   # a new socket at the path every 20 ms
+        while not stop.is_set():
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(path)
+            s.listen(1)
+            stop.wait(0.02)
+            s.close()
+
+    churner = threading.Thread(target=churn, daemon=True)
+    churner.start()
+    plugin = plugin_on(path, nri_loop)
+    plugin.start()
+    plugin.wake()
+    try:
+        wait_until(lambda: plugin.n["connect_refused_untrusted"] >= 3, "three refusals", timeout=60)
+        assert tries[1] - tries[0] >= 0.8 and tries[2] - tries[1] >= 1.6, [b - a for a, b in zip(tries, tries[1:])]
+        assert plugin.n["connects"] == 0
+    finally:
+        stop.set()
+        churner.join()
+        plugin.stop()
