@@ -110,6 +110,7 @@ class NriPlugin(Controller):
         self._session: Optional[NriSession] = None
         self._lock = threading.Lock()
         self._delay = 0.0
+        self._base_delay = 0.0   # the delay before its jitter: what doubles
         self._registered = False
         # since when live moves have had no registered plugin to leave through (made: not yet)
         self._unregistered_since = time.monotonic()
@@ -199,7 +200,7 @@ class NriPlugin(Controller):
             self._back_off(f"registration failed: {e}")
             return
         self.n["registrations"] += 1
-        self._delay = 0.0
+        self._delay = self._base_delay = 0.0
         self.last_error = ""   # (the status lists loops whose last error is set: this one is over)
         self._registered = True
         log.info("registered with containerd as an NRI plugin", socket=cfg.socket,
@@ -247,8 +248,9 @@ class NriPlugin(Controller):
         socket not watched (a path or listener another user controls: that user could
         otherwise make it try, and log, at the poll's rate)."""
         self._watch = watch
-        self._delay = min(max(self._delay * 2, FIRST_RETRY_SECONDS),
-                          self.config.reconnect_max_seconds) * random.uniform(0.8, 1.2)
+        # (the jitter is not doubled with the delay: it stays within 20 % of the cap)
+        self._base_delay = min(max(self._base_delay * 2, FIRST_RETRY_SECONDS), self.config.reconnect_max_seconds)
+        self._delay = self._base_delay * random.uniform(0.8, 1.2)
         self.last_error = why
         log.warning("NRI: not registered with containerd; retrying", reason=why,
                     retry_in_seconds=round(self._delay, 2))

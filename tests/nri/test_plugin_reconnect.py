@@ -66,7 +66,8 @@ def test_a_socket_that_is_there_but_refuses_keeps_the_backoff(tmp_path, nri_loop
         wait_until(lambda: len(tries) >= 3 and plugin.n["connect_failures"] >= 3, "three refused connects",
                    timeout=60)
         assert "Connection refused" in plugin.last_error
-        # the delays are at least 1 s and 2 s, less 20 % of jitter: the poll never cut them short
+        # the delays are at least 1 s and 2 s, less 20 % of jitter (not compounded from one to the
+        # next): the poll never cut them short
         assert tries[1] - tries[0] >= 0.8 and tries[2] - tries[1] >= 1.6, [b - a for a, b in zip(tries, tries[1:])]
     finally:
         plugin.stop()
