@@ -210,7 +210,9 @@ def _front_end(f: Any) -> str:
     where = f"NRI plugin {f.get('plugin')} on {f.get('socket')}"
     if not f.get("connected"):
         why = f"; last disconnect: {f['last_disconnect']}" if f.get("last_disconnect") else ""
-        return f"{where}: NOT REGISTERED (pods are created without the policies until it is){why}"
+        retry = (f"; tries again {f['retry_in_seconds']:g}s after the last failure, or as soon as containerd "
+                 f"makes its socket again" if f.get("retry_in_seconds") else "")
+        return f"{where}: NOT REGISTERED (pods are created without the policies until it is){why}{retry}"
     budget = f", each hook's budget {f['hook_budget_ms']} ms" if f.get("hook_budget_ms") else ""
     return (f"{where}: registered with {f.get('runtime') or 'the runtime'} (request timeout "
             f"{f.get('request_timeout_ms') or '?'} ms{budget}), {f.get('events', 0)} events, "

@@ -39,6 +39,9 @@ def test_nri_not_registered_degrades():
           "last_disconnect": "peer closed"}
     r = dict(BASE, front_end=fe)
     assert "NOT REGISTERED" in line(r) and "peer closed" in line(r)
+    fe["retry_in_seconds"] = 4.12
+    assert line(r).endswith("; tries again 4.12s after the last failure, or as soon as containerd makes its "
+                            "socket again")
     h = health(r)
     assert h["state"] == "degraded" and any("not registered with containerd's NRI" in why for why in h["degraded_because"])
     # still starting (no resync yet): not degraded for that
