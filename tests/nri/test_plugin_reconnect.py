@@ -116,7 +116,7 @@ def test_the_repinner_waits_for_the_registration_then_sends_through_nri(tmp_path
     assert not plugin.ready()
     assert repinner.step() == 0   # the first pass: nothing sent, nothing failed, still pending
     assert (placement.applied, placement.failed, cri_client.updates) == ([], [], [])
-    assert repinner.counts() == {"applied": 0, "failed": 0, "deferred": 1}
+    assert repinner.counts() == {"applied": 0, "failed": 0, "gone": 0, "deferred": 1}
     runtime = FakeNriRuntime(path).start()
     repinner.start()
     plugin.start()
