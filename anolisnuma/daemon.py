@@ -383,6 +383,9 @@ class Daemon:
         self.controllers.add(resync)
         await self._start_controller(resync)
         if self.nri is not None:
+            # registered last, so stopped first: no event reaches the hooks once their loops
+            # (numa.json's writer among them) are stopping
+            self.controllers.add(self.nri)
             self.nri.start()
             self.nri.wake()
             log.info("background loop started", controller=self.nri.name, socket=self.config.nri.socket)
@@ -399,7 +402,6 @@ class Daemon:
 
         self.nri = NriPlugin(self.config.nri, NriFrontEnd(self.interceptor, asyncio.get_running_loop()),
                              on_synchronize=resync.wake, on_registered=self._wake_repinners)
-        self.controllers.add(self.nri)
 
     def _repin_through_nri(self, hook: Hook) -> None:
         """In NRI mode, ``hook``'s re-pinner sends through the plugin (its CRI client the
