@@ -137,7 +137,9 @@ def test_nri_rule_file_moves_a_running_pod_through_update_containers(containerd,
             assert alloc_of(hook, pod.uid).nodes == (other,)
             # the spec containerd holds says the same: the move was containerd's own update
             assert real_cpuset(direct, cid)[2] == NODE_CPU[other]
-            assert proxy.daemon.nri.n["updates_sent"] >= 1 and proxy.daemon.nri.n["updates_via_cri"] == 0
+            # (counted once containerd's answer is read, a moment after the cgroup changed)
+            wait_until(lambda: proxy.daemon.nri.n["updates_sent"] >= 1, "the move counted")
+            assert proxy.daemon.nri.n["updates_via_cri"] == 0
             check_ledger_consistent(hook)
         finally:
             direct.parents.update(kl._cgroups)  # type: ignore[attr-defined]
@@ -194,9 +196,11 @@ def test_nri_kill_9_then_restart_adopts_and_pins_what_was_created_meanwhile(cont
                 real_cpus(direct, cid) == NODE_CPU[saved[p.uid]["nodes"][0]] for p, cid in before + meanwhile)
 
         wait_until(pinned, "every pod pinned, the ones made meanwhile through NRI's UpdateContainers")
-        status = wait_until(lambda: status_when_up(admin), "the admin socket")
+        # (counted once containerd's answer is read, a moment after the cgroups changed)
+        status = wait_until(lambda: (lambda st: st if st and st["front_end"]["updates_sent"] >= 2 else None)(
+            status_when_up(admin)), "the re-pins counted")
         # the re-pinner's first pass came before the registration: it waited, sent nothing through CRI
-        assert status["front_end"]["updates_sent"] >= 2 and status["front_end"]["updates_via_cri"] == 0
+        assert status["front_end"]["updates_via_cri"] == 0
         assert status["controllers"]["numa-repin"]["deferred"] >= 1
         saved = {a["pod_uid"]: a for a in load_numa_state(state_dir)}
         for pod, cid in before:   # kept where they were: nothing placed twice
@@ -240,10 +244,13 @@ def test_nri_plugin_reconnects_when_containerd_restarts(containerd, direct, tmp_
 
 
 def test_nri_registers_within_a_second_of_containerds_socket_coming_back(containerd, direct, tmp_path):
-    """containerd away long enough for the backoff to pass 3 s (the default cap, 10 s, let it
-    grow to ~10 s: the plugin once registered 4.3 s after containerd was back), then back:
-    the plugin registers within a second of containerd's NRI socket appearing, as this
-    test's own watch sees it."""
+    """containerd away long enough for the backoff to grow past 6 s (with the default cap,
+    10 s, the plugin once registered 4.3 s after containerd was back), then back: the plugin
+    registers as soon as containerd's NRI socket appears, as this test's own watch sees it,
+    not when the backoff is over. Measured: 0.02-0.1 s after the socket; held here to a
+    quarter of the backoff then (over 1.6 s), so that a loaded machine's slow containerd does
+    not fail it while the backoff alone (the delay less the ~0.1 s containerd takes to start)
+    still would."""
     base = str(tmp_path)
     data = nri_config(base, containerd)
     data["nri"]["reconnect_max_seconds"] = 10.0   # the default
@@ -255,10 +262,11 @@ def test_nri_registers_within_a_second_of_containerds_socket_coming_back(contain
         wait_until(lambda: proxy.daemon.nri is not None and proxy.daemon.nri.n["registrations"] == 1, "registered")
         plugin = proxy.daemon.nri
         containerd.stop()
-        # the disconnect and three failed tries: the pause after them is 4 s, give or take 20 %
-        wait_until(lambda: plugin.n["connect_failures"] >= 3, "the backoff grown", timeout=60)
-        backoff = plugin.describe()["retry_in_seconds"]
-        assert backoff >= 3.2
+        # the disconnect (0.5 s) and failed tries (1, 2, 4 s): the pause after the fourth is
+        # 8 s give or take 20 %, and just begun when the plugin says so
+        backoff = wait_until(lambda: (lambda d: d if d and d >= 6.0 else None)(plugin.describe()["retry_in_seconds"]),
+                             "the backoff grown past 6 s", timeout=60)
+
         def made() -> Any:   # (the inode number alone may be reused: /run is on ext4 here)
             st = os.stat(containerd.nri_socket)
             return st.st_ino, st.st_ctime_ns
@@ -286,7 +294,7 @@ def test_nri_registers_within_a_second_of_containerds_socket_coming_back(contain
         took = seen["registered"] - seen["socket"]
         print(f"\nNRI socket back {seen['socket'] - started:.3f} s after containerd's start began; registered "
               f"{took:.3f} s after it (the backoff then: {backoff:.2f} s)")
-        assert took < 1.0, (took, backoff)
+        assert took < backoff / 4, (took, backoff)
         assert plugin.n["disconnects"] == 1 and plugin.connected
     finally:
         done.set()

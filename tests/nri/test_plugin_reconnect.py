@@ -34,9 +34,9 @@ def test_a_socket_made_again_is_tried_at_once_whatever_the_backoff(tmp_path, nri
     plugin.wake()
     runtime = None
     try:
-        wait_until(lambda: plugin.n["connect_failures"] == 1, "a failed connect: nothing listens")
-        backoff = plugin.describe()["retry_in_seconds"]
-        assert backoff >= 24   # 30 s, give or take 20 %
+        # (the delay is set just after the failure is counted: waited for itself)
+        backoff = wait_until(lambda: plugin.describe()["retry_in_seconds"], "a failed connect: nothing listens")
+        assert backoff >= 24 and plugin.n["connect_failures"] == 1   # 30 s, give or take 20 %
         made = time.monotonic()
         runtime = FakeNriRuntime(path).start()   # containerd back: its socket bound
         assert runtime.registered.wait(backoff / 2), "not before the backoff: the socket was not watched"
@@ -63,9 +63,8 @@ def test_a_socket_that_is_there_but_refuses_keeps_the_backoff(tmp_path, nri_loop
     plugin.start()
     plugin.wake()
     try:
-        wait_until(lambda: len(tries) >= 3 and plugin.n["connect_failures"] >= 3, "three refused connects",
-                   timeout=60)
-        assert "Connection refused" in plugin.last_error
+        wait_until(lambda: len(tries) >= 3 and plugin.n["connect_failures"] >= 3
+                   and "Connection refused" in plugin.last_error, "three refused connects", timeout=60)
         # the delays are at least 1 s and 2 s, less 20 % of jitter (not compounded from one to the
         # next): the poll never cut them short
         assert tries[1] - tries[0] >= 0.8 and tries[2] - tries[1] >= 1.6, [b - a for a, b in zip(tries, tries[1:])]
