@@ -26,7 +26,7 @@ from anolisnuma.controller import Controller, Controllers
 from anolisnuma.cri.client import CriClient
 from anolisnuma.pipeline.hooks import Hook
 from anolisnuma.pipeline.interceptor import HOOK_THREADS, Interceptor
-from anolisnuma.reconcile.resync import RuntimeResync
+from anolisnuma.reconcile.resync import RuntimeResync, tell_adopted
 from anolisnuma.state.store import Store
 from anolisnuma.system import sd_notify
 from anolisnuma.system.open_files import open_files_soft_limit, raise_open_files_limit
@@ -353,14 +353,18 @@ class Daemon:
                 log.warning("cannot resync with containerd yet; retrying", error=str(e).splitlines()[0][:300],
                             retry_in_seconds=delay, failed_passes=resync.consecutive_failures)
                 await asyncio.sleep(delay)
+        if self.nri_enabled:   # made first, started last: the re-pinner's client from its first pass
+            self._make_nri(resync)
         for hook in self.hooks:
             try:
                 await loop.run_in_executor(self.executor, hook.resync, pods, containers, self.interceptor.recent)
+                await loop.run_in_executor(self.executor, tell_adopted, hook, resync.adopted)
                 await loop.run_in_executor(self.executor, hook.start)
                 loops = await loop.run_in_executor(self.executor, hook.controllers, self._connect, self.store)
             except Exception as e:
                 log.error("hook could not start; it stays passive", hook=hook.name, error=repr(e))
                 continue
+            self._repin_through_nri(hook)
             resync.hooks.append(hook)
             for holder in hook.holders():   # told what is gone from now on
                 self.interceptor.reaper.add(holder)
@@ -375,31 +379,46 @@ class Daemon:
                 self.controllers.add(controller)
             for controller in loops:
                 await self._start_controller(controller)
+        resync.after_pass = self._wake_repinners
         self.controllers.add(resync)
         await self._start_controller(resync)
-        if self.nri_enabled:
-            self._start_nri(resync)
+        if self.nri is not None:
+            # registered last, so stopped first: no event reaches the hooks once their loops
+            # (numa.json's writer among them) are stopping
+            self.controllers.add(self.nri)
+            self.nri.start()
+            self.nri.wake()
+            log.info("background loop started", controller=self.nri.name, socket=self.config.nri.socket)
         # With no periodic resync, nothing would ever turn the windows of what calls named.
         self.interceptor.recent.set_enabled(resync.interval > 0)
         self.resynced = True
 
-    def _start_nri(self, resync: RuntimeResync) -> None:
-        """Register with containerd's NRI once the policies are ready (an event that came
-        earlier would wait for them past containerd's 2 s); the re-pinner's live moves
-        then leave through NRI."""
+    def _make_nri(self, resync: RuntimeResync) -> None:
+        """The NRI plugin, registered (started) once the policies are ready: an event that
+        came earlier would wait for them past containerd's 2 s. On registering it wakes the
+        re-pinner, whose live moves leave through NRI (:meth:`_repin_through_nri`)."""
         from anolisnuma.nri.frontend import NriFrontEnd
         from anolisnuma.nri.plugin import NriPlugin
 
-        numa = next((h for h in self.hooks if getattr(h, "repinner", None) is not None), None)
-        fallback = numa.repinner.client if numa is not None else None
-        plugin = self.nri = NriPlugin(self.config.nri, NriFrontEnd(self.interceptor, asyncio.get_running_loop()),
-                                      on_synchronize=resync.wake, fallback=fallback)
-        if numa is not None:
-            numa.repinner.client = plugin
-        self.controllers.add(plugin)
-        plugin.start()
-        plugin.wake()
-        log.info("background loop started", controller=plugin.name, socket=self.config.nri.socket)
+        self.nri = NriPlugin(self.config.nri, NriFrontEnd(self.interceptor, asyncio.get_running_loop()),
+                             on_synchronize=resync.wake, on_registered=self._wake_repinners)
+
+    def _repin_through_nri(self, hook: Hook) -> None:
+        """In NRI mode, ``hook``'s re-pinner sends through the plugin (its CRI client the
+        plugin's fallback) before its first pass: after a restart, the re-pins of what was
+        adopted wait for the registration (``NriPlugin.ready``) rather than go out as CRI
+        updates first."""
+        repinner = getattr(hook, "repinner", None)
+        if self.nri is None or repinner is None:
+            return
+        self.nri.fallback = repinner.client
+        repinner.client = self.nri
+
+    def _wake_repinners(self) -> None:
+        for hook in self.hooks:
+            repinner = getattr(hook, "repinner", None)
+            if repinner is not None:
+                repinner.wake()
 
     def _connect(self, timeout_seconds: Optional[float] = None) -> Any:
         """A new client to containerd for a background loop."""

@@ -1,7 +1,8 @@
 """What the policies decided about a pod, as plain facts, for whoever wants to tell it.
 
 The NUMA placement service, the traffic-affinity controller and the QoS hook report each
-decision they take about a pod (placed, moved, move rolled back, QoS level applied or
+decision they take about a pod (placed or adopted, moved, move rolled back, moved because the
+kubelet's exclusive CPUs took its nodes' shared CPUs, QoS level applied or
 skipped, a level refused) to a :data:`DecisionEvents` sink: a callable taking one of the fact classes
 below. The daemon wires the sink once the hooks are built: with ``[kubernetes]`` on, the
 cluster side's (``anolisnuma/cluster/pod_events.py``) turns each fact into a Kubernetes
@@ -33,11 +34,14 @@ class PodRef:
 
 @dataclass(frozen=True)
 class NumaPlaced:
-    """A managed pod got its NUMA placement (its first container, or adopted unpinned at
-    start-up). ``why`` is ``balance``, ``rule`` or ``kubelet-exclusive``; ``rule`` names the
-    rule's source (a rule file or an Oenuma CR) when one pinned it; ``detail`` is the
-    placement's own reason (e.g. "most free capacity (1.5 of 2 CPUs free)"); ``container``
-    is the container the kubelet gave exclusive CPUs (``why`` kubelet-exclusive)."""
+    """A managed pod got its NUMA placement (its first container, or adopted at a resync:
+    found running by a restart, or created while the NRI plugin was not registered).
+    ``why`` is ``balance``, ``rule``, ``kubelet-exclusive`` or ``adopted`` (found pinned:
+    kept where its cpuset is); ``rule`` names the rule's source (a rule file or an Oenuma
+    CR) when one pinned it; ``detail`` is the placement's own reason (e.g. "most free
+    capacity (1.5 of 2 CPUs free)"); ``container`` is the container the kubelet gave
+    exclusive CPUs (``why`` kubelet-exclusive); ``adopted``: placed at a resync, not at
+    its creation (its containers are re-pinned live)."""
 
     pod: PodRef
     nodes: Tuple[int, ...]
@@ -47,6 +51,19 @@ class NumaPlaced:
     rule: str = ""
     detail: str = ""
     container: str = ""
+    adopted: bool = False
+
+
+@dataclass(frozen=True)
+class NumaPoolMoved:
+    """The kubelet's static CPU manager gave CPUs of the pod's NUMA nodes to exclusive
+    containers, so that its shared pool (``pool``, now) left them: the pod was placed again
+    within the pool, closest to where it was."""
+
+    pod: PodRef
+    from_nodes: Tuple[int, ...]
+    to_nodes: Tuple[int, ...]
+    pool: str
 
 
 @dataclass(frozen=True)
@@ -109,7 +126,7 @@ class QosSkipped:
     why: str
 
 
-Decision = Union[NumaPlaced, NumaMoved, NumaMoveFailed, QosApplied, QosLevelRefused, QosSkipped]
+Decision = Union[NumaPlaced, NumaPoolMoved, NumaMoved, NumaMoveFailed, QosApplied, QosLevelRefused, QosSkipped]
 DecisionEvents = Callable[[Decision], None]
 
 
@@ -123,6 +140,6 @@ def pod_ref(ref: str, uid: str) -> PodRef:
     return PodRef(namespace, name, uid) if name else PodRef("", ref, uid)
 
 
-__all__ = ["PodRef", "NumaPlaced", "NumaMoved", "NumaMoveFailed", "QosApplied", "QosLevelRefused", "QosSkipped",
+__all__ = ["PodRef", "NumaPlaced", "NumaPoolMoved", "NumaMoved", "NumaMoveFailed", "QosApplied", "QosLevelRefused", "QosSkipped",
            "Decision",
            "DecisionEvents", "no_events", "pod_ref"]

@@ -60,7 +60,7 @@ class DaemonView(Protocol):
     def cluster(self) -> Optional["ClusterLink"]: ...   # the API server link, when [kubernetes] is on
 
     @property
-    def nri(self) -> Any: ...   # the NRI plugin (anolisnuma.nri.plugin.NriPlugin) in NRI mode, once started
+    def nri(self) -> Any: ...   # the NRI plugin (anolisnuma.nri.plugin.NriPlugin) in NRI mode, once made
 
     # The daemon's worker pools, and its admin surface, whose pools are counted with them.
     @property

@@ -73,11 +73,16 @@ def status(daemon: "DaemonView", uptime_seconds: float, surfaces: Dict[str, Any]
     """Everything ``anolisnuma-ctl status`` shows except containerd's answer."""
     cfg = daemon.config
     counters = daemon.interceptor.counters.snapshot()
+    # In NRI mode the hooks run on NRI's events only, each within the budget cut to fit
+    # containerd's request timeout (NriFrontEnd.fit_to, at registration): that one is in force.
+    nri_budget = daemon.interceptor.nri_hook_budget if daemon.nri is not None else 0.0
     hooks = []
     for h in daemon.hooks:
         settings = cfg.hooks.settings(h.name)
+        budget = settings.budget_seconds
         hooks.append({
-            "name": h.name, "failure_policy": settings.failure_policy, "budget_seconds": settings.budget_seconds,
+            "name": h.name, "failure_policy": settings.failure_policy, "budget_seconds": budget,
+            "effective_budget_seconds": round(min(budget, nri_budget), 3) if nri_budget > 0 else budget,
             **{f"{stage}_{outcome}": counters.get(f"hook_{h.name}_{stage}_{outcome}", 0)
                for stage in ("pre", "post") for outcome in ("ok", "failed")}})
     qos = qos_hook(daemon)

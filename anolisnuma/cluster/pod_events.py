@@ -10,8 +10,13 @@ reason             type     when
 =================  =======  ==================================================================
 NumaPlaced         Normal   a managed pod got its NUMA nodes and cpuset: by balance, by a rule
                             (which rule file or Oenuma CR), or a container's CPUs are the
-                            kubelet's static CPU manager's (left as it set them)
-NumaMoved          Normal   a running pod moved live for traffic affinity (the peer, bytes/s)
+                            kubelet's static CPU manager's (left as it set them); or a resync
+                            adopted it (found running by a restart, or created while the NRI
+                            plugin was not registered): kept where its cpuset is, or placed
+                            then and re-pinned live
+NumaMoved          Normal   a running pod moved live for traffic affinity (the peer, bytes/s),
+                            or because the kubelet's static CPU manager gave its nodes' shared
+                            CPUs to exclusive containers (the shared pool now)
 NumaMoveFailed     Warning  a live move's re-pin failed: the pod was rolled back
 QosApplied         Normal   the pod's QoS level and the knobs written for it
 QosSkipped         Normal   the level has no knob to write (none on this kernel, or none on)
@@ -34,7 +39,7 @@ import structlog
 
 from anolisnuma.cluster.events import QOS_CONTROLLER, Event, EventRecorder, pod_regarding
 from anolisnuma.decision_events import (
-    Decision, NumaMoved, NumaMoveFailed, NumaPlaced, QosApplied, QosLevelRefused, QosSkipped)
+    Decision, NumaMoved, NumaMoveFailed, NumaPlaced, NumaPoolMoved, QosApplied, QosLevelRefused, QosSkipped)
 from anolisnuma.pipeline.metrics import Counters
 
 log = structlog.get_logger("anolisnuma.cluster")
@@ -67,11 +72,20 @@ def pod_event(d: Decision, node_name: str) -> Event:
         if d.why == "kubelet-exclusive":
             note = (f"container {d.container}: {where}, exclusive CPUs of the kubelet's static CPU manager; "
                     f"left as the kubelet set them")
+        elif d.why == "adopted":
+            note = f"{where}, adopted as it runs (found already pinned)"
         elif d.why == "rule":
             note = f"{where}, pinned by rule {d.rule}"
         else:
             note = f"{where}, by balance" + (f": {d.detail}" if d.detail else "")
+        if d.adopted and d.why != "adopted":
+            note += "; found running unpinned at a resync (created while anolisnuma was not there): pinned live"
         return Event(about, NORMAL, "NumaPlaced", "Place", f"{node_name}: {note}")
+    if isinstance(d, NumaPoolMoved):
+        note = (f"moved from {_nodes(d.from_nodes)} to {_nodes(d.to_nodes, '')}: the kubelet's static CPU manager "
+                f"gave the shared CPUs of {_nodes(d.from_nodes, '')} to exclusive containers (shared pool now "
+                f"{d.pool})")
+        return Event(about, NORMAL, "NumaMoved", "Move", f"{node_name}: {note}")
     if isinstance(d, NumaMoved):
         note = (f"moved live from {_nodes(d.from_nodes)} to {_nodes(d.to_nodes, '')} for traffic with {d.peer} "
                 f"({_rate(d.bytes_per_second)}" + (f", {d.kind}" if d.kind else "") + ")")

@@ -99,7 +99,7 @@ def status(r: Dict[str, Any]) -> str:
         blocks.append(table(["RULE FROM AN OENUMA CR (IN FORCE)"], [[rule] for rule in rules]))
     hooks = r.get("hooks") or []
     missing = [n for n in r.get("hooks_configured") or [] if n not in {h["name"] for h in hooks}]
-    rows = [[h["name"], h["failure_policy"], f"{h['budget_seconds']:g}s", h["pre_ok"], h["pre_failed"],
+    rows = [[h["name"], h["failure_policy"], _budget(h), h["pre_ok"], h["pre_failed"],
              h["post_ok"], h["post_failed"]] for h in hooks]
     rows += [[n, "-", "-", "-", "-", "-", "NOT RUNNING (see the log)" if r.get("ready") else "starting"]
              for n in missing]
@@ -197,6 +197,12 @@ def _layout(layout: Any) -> str:
     return f"root {layout.get('root')} ({dirs}; from {layout.get('origin')})"
 
 
+def _budget(h: Dict[str, Any]) -> str:
+    """The budget in force, and the configured one when NRI mode cut it."""
+    budget, effective = h["budget_seconds"], h.get("effective_budget_seconds", h["budget_seconds"])
+    return f"{budget:g}s" if effective == budget else f"{effective:g}s (NRI; {budget:g}s set)"
+
+
 def _front_end(f: Any) -> str:
     """One line: the kubelet's calls through this socket, or containerd's NRI events."""
     if not f or f.get("mode") != "nri":
@@ -204,10 +210,13 @@ def _front_end(f: Any) -> str:
     where = f"NRI plugin {f.get('plugin')} on {f.get('socket')}"
     if not f.get("connected"):
         why = f"; last disconnect: {f['last_disconnect']}" if f.get("last_disconnect") else ""
-        return f"{where}: NOT REGISTERED (pods are created without the policies until it is){why}"
+        retry = (f"; tries again {f['retry_in_seconds']:g}s after the last failure, or as soon as containerd "
+                 f"makes its socket again" if f.get("retry_in_seconds") else "")
+        return f"{where}: NOT REGISTERED (pods are created without the policies until it is){why}{retry}"
+    budget = f", each hook's budget {f['hook_budget_ms']} ms" if f.get("hook_budget_ms") else ""
     return (f"{where}: registered with {f.get('runtime') or 'the runtime'} (request timeout "
-            f"{f.get('request_timeout_ms') or '?'} ms), {f.get('events', 0)} events, {f.get('updates_sent', 0)} live "
-            f"updates; the listen socket relays every call unchanged")
+            f"{f.get('request_timeout_ms') or '?'} ms{budget}), {f.get('events', 0)} events, "
+            f"{f.get('updates_sent', 0)} live updates; the listen socket relays every call unchanged")
 
 
 def _cluster(c: Any) -> str:

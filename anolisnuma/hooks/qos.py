@@ -168,6 +168,11 @@ class QosHook(Hook):
         what calls newer than the listing named (``fresh``)."""
         self.service.resync(pods, containers, fresh)
 
+    def pods_adopted(self, pods: List[PodRecord]) -> None:
+        """Each pod's level told (a QosApplied or QosSkipped event), unless the resync's
+        writes told it already."""
+        self.service.tell_adopted(pods)
+
 
 def _str_map(m: Any) -> Dict[str, str]:
     try:

@@ -29,6 +29,7 @@ import errno
 import os
 import socket
 import stat
+from typing import Optional, Tuple
 
 from anolisnuma.system.peercred import peer_credentials
 from anolisnuma.trusted_file import open_trusted
@@ -63,3 +64,16 @@ def connect(path: str, timeout: float) -> socket.socket:
                             f"anolisnuma of pods that are not there; fix: {fix}remove {path} and restart "
                             f"containerd, which makes its socket again")
     return sock
+
+
+def identity(path: str) -> Optional[Tuple[int, int, int]]:
+    """``(st_dev, st_ino, st_ctime_ns)`` of what is at ``path`` now, following links, or
+    None (nothing there, or it cannot be looked at). Only a hint of when to try
+    :func:`connect` again (containerd binds a new socket when it starts: another inode, and
+    another change time should the inode number be reused): never trusted for anything,
+    :func:`connect` checks what it connects to itself."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino, st.st_ctime_ns

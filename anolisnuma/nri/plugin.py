@@ -5,7 +5,8 @@ containerd's NRI socket, register (``Runtime.RegisterPlugin`` with ``[nri] plugi
 and ``plugin_index``), answer ``Configure`` with the events the policies need, answer
 ``Synchronize`` and ask the daemon's resync to look at what containerd runs, then serve
 the events (:class:`~anolisnuma.nri.frontend.NriFrontEnd`) until the connection ends;
-then connect again, the delay doubling from 0.5 s up to ``[nri] reconnect_max_seconds``.
+then connect again, the delay doubling from 0.5 s up to ``[nri] reconnect_max_seconds``;
+but at once when the socket is made again (containerd back): see :meth:`NriPlugin._pause`.
 
 What containerd does meanwhile (NRI v0.11.0, vendored by containerd 2.2): a pod or
 container created while no plugin is registered is created as the kubelet asked, without
@@ -23,7 +24,11 @@ its answer written) runs on the event loop (``session.py``), with no thread in b
 Live moves (rules, traffic affinity, re-spread) leave through :meth:`update_container_resources`,
 which the re-pinner calls: NRI's ``UpdateContainers`` while registered (containerd's CRI
 ``UpdateContainerResources`` would come back to us as an UpdateContainer event and be read
-as the kubelet's), the CRI call otherwise.
+as the kubelet's), the CRI call otherwise. The re-pinner waits (:meth:`ready`) while the
+plugin is not registered, for up to ``WAIT_FOR_REGISTRATION`` seconds: after a restart its
+first re-pins then leave through NRI too, as soon as the plugin registers (it wakes the
+re-pinner, ``on_registered``); past that wait (NRI off in containerd, say) they go through
+CRI, so that a pod adopted unpinned is still pinned.
 
 Who can write to this input: containerd, root, on a root-only socket; the wire layer
 (``session.py``) bounds what a faulty peer can make us hold. A socket that someone but root
@@ -39,7 +44,8 @@ import inspect
 import os
 import random
 import threading
-from typing import Any, Callable, Dict, Optional
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -71,29 +77,46 @@ _EVENTS = (nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nr
            nri.START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER)
 EVENT_MASK = sum(1 << (e - 1) for e in _EVENTS)
 REGISTRATION_TIMEOUT = 5.0   # containerd's plugin_registration_timeout default
+FIRST_RETRY_SECONDS = 0.5    # the backoff's first delay, doubled up to [nri] reconnect_max_seconds
 UPDATE_TIMEOUT = 5.0
+# How often the socket is looked at while waiting to reconnect: one stat(2), a few
+# microseconds, so that containerd's socket made again is tried within this (docs/nri.md)
+DOOR_POLL_SECONDS = 0.1
+# How long live moves wait for the plugin to register before going through CRI
+WAIT_FOR_REGISTRATION = 10.0
 
 
 class NriPlugin(Controller):
-    """``NriPlugin(config, frontend, on_synchronize=None, fallback=None, loop=None)``:
-    ``config`` is ``[nri]``; ``on_synchronize()`` is called (on the event loop) after each
-    full Synchronize (the daemon wakes its resync); ``fallback`` is the CRI client live
-    moves use while not registered; ``loop`` is the event loop that serves the connection
-    (the front-end's, ``frontend.loop``, when not given)."""
+    """``NriPlugin(config, frontend, on_synchronize=None, fallback=None, loop=None,
+    on_registered=None)``: ``config`` is ``[nri]``; ``on_synchronize()`` is called (on the
+    event loop) after each full Synchronize (the daemon wakes its resync); ``fallback`` is
+    the CRI client live moves use while not registered; ``loop`` is the event loop that
+    serves the connection (the front-end's, ``frontend.loop``, when not given);
+    ``on_registered()`` is called (on this loop's thread) after each registration (the
+    daemon wakes its re-pinner)."""
 
     name = "nri"
 
     def __init__(self, config: Any, frontend: Any, on_synchronize: Optional[Callable[[], None]] = None,
-                 fallback: Any = None, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+                 fallback: Any = None, loop: Optional[asyncio.AbstractEventLoop] = None,
+                 on_registered: Optional[Callable[[], None]] = None) -> None:
         super().__init__()
         self.config = config
         self.frontend = frontend
         self.loop = loop if loop is not None else frontend.loop
         self.on_synchronize = on_synchronize
         self.fallback = fallback
+        self.on_registered = on_registered
         self._session: Optional[NriSession] = None
         self._lock = threading.Lock()
         self._delay = 0.0
+        self._base_delay = 0.0   # the delay before its jitter: what doubles
+        self._registered = False
+        # since when live moves have had no registered plugin to leave through (made: not yet)
+        self._unregistered_since = time.monotonic()
+        self._door_seen: Optional[Tuple[int, int, int]] = None   # the socket's identity at the last try
+        self._tried = False
+        self._watch = True   # whether the pause after the last try watches the socket
         self.runtime = ""            # "containerd v2.2.7", from Configure
         self.request_timeout_ms = 0  # containerd's plugin_request_timeout, from Configure
         self.last_disconnect = ""
@@ -119,11 +142,28 @@ class NriPlugin(Controller):
         return s is not None and not s.closed
 
     def wait_seconds(self) -> float:
-        return self._delay
+        # The first pass waits for the daemon's wake; the next follow at once (the pause
+        # after a failure or a disconnect is run_once's own, watching the socket).
+        return 0.001 if self._tried else 0.0
+
+    def ready(self) -> bool:
+        """Whether live moves should be sent now (the re-pinner asks before each pass):
+        registered, or not registered for longer than ``WAIT_FOR_REGISTRATION`` seconds
+        (they then go through CRI). False meanwhile: the re-pinner keeps them for the
+        registration, which wakes it."""
+        return self._registered or time.monotonic() - self._unregistered_since >= WAIT_FOR_REGISTRATION
 
     def run_once(self) -> None:
-        """Connect, register, serve until the connection ends."""
+        """Connect, register, serve until the connection ends; after a failure or the end,
+        pause (:meth:`_pause`)."""
+        self._tried = True
+        self._attempt()
+        if self._delay and not self._stopping:
+            self._pause(self._delay)
+
+    def _attempt(self) -> None:
         cfg = self.config
+        self._door_seen = door.identity(cfg.socket)
         try:
             # (door.py: the path checked and connected to in one walk, and the peer's uid)
             sock = door.connect(cfg.socket, REGISTRATION_TIMEOUT)
@@ -132,11 +172,11 @@ class NriPlugin(Controller):
             # pods that are not there: we do not connect
             self.n["connect_refused_untrusted"] += 1
             self._back_off("not connected: " + e.unsafe.describe("another user could listen there in containerd's "
-                                                                "place"))
+                                                                "place"), watch=False)
             return
         except door.UntrustedPeer as e:
             self.n["connect_refused_peer"] += 1
-            self._back_off(f"not connected: {e}")
+            self._back_off(f"not connected: {e}", watch=False)
             return
         except OSError as e:
             self.n["connect_failures"] += 1
@@ -160,18 +200,57 @@ class NriPlugin(Controller):
             self._back_off(f"registration failed: {e}")
             return
         self.n["registrations"] += 1
-        self._delay = 0.0
+        self._delay = self._base_delay = 0.0
         self.last_error = ""   # (the status lists loops whose last error is set: this one is over)
+        self._registered = True
         log.info("registered with containerd as an NRI plugin", socket=cfg.socket,
                  plugin=f"{cfg.plugin_index}-{cfg.plugin_name}")
+        if self.on_registered is not None:
+            try:
+                self.on_registered()
+            except Exception as e:   # (the session is served whatever it does)
+                log.warning("NRI: what follows a registration failed", error=repr(e)[:300])
         session.wait_closed(None)
+        self._registered = False
+        self._unregistered_since = time.monotonic()
         self.n["disconnects"] += 1
         self.last_disconnect = session.reason
         if not self._stopping:
             self._back_off(f"connection ended: {session.reason}")
 
-    def _back_off(self, why: str) -> None:
-        self._delay = min(max(self._delay * 2, 0.5), self.config.reconnect_max_seconds) * random.uniform(0.8, 1.2)
+    def _pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds before the next try, or less: until the socket at
+        ``[nri] socket`` is another than at the last try (containerd made it again, or made
+        it at all), or the loop is stopped. Looked at every ``DOOR_POLL_SECONDS`` with one
+        ``stat``: containerd removes its socket when it stops and binds a new one when it
+        starts (a new inode, also over a stale file a ``kill -9`` left), so the plugin
+        registers within that of containerd's NRI being back, whatever the backoff grew to
+        while it was away. A socket that is there but refuses, or that was there all along,
+        keeps the backoff, as does a refused path or listener (``_back_off``'s ``watch``). (Polling rather than inotify: nothing to hold open, and a removed
+        directory, a path through links or a socket bound over a stale one need no case.)"""
+        deadline = time.monotonic() + delay
+        while not self._stopping:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if self._wake.wait(min(left, DOOR_POLL_SECONDS) if self._watch else left):
+                self._wake.clear()   # woken (wake, stop): try now
+                return
+            if not self._watch:
+                continue
+            now = door.identity(self.config.socket)
+            if now is not None and now != self._door_seen:
+                log.info("NRI: containerd's socket is there again; connecting", socket=self.config.socket)
+                return
+
+    def _back_off(self, why: str, watch: bool = True) -> None:
+        """Log ``why`` and grow the delay; ``watch`` False: the pause is the whole delay, the
+        socket not watched (a path or listener another user controls: that user could
+        otherwise make it try, and log, at the poll's rate)."""
+        self._watch = watch
+        # (the jitter is not doubled with the delay: it stays within 20 % of the cap)
+        self._base_delay = min(max(self._base_delay * 2, FIRST_RETRY_SECONDS), self.config.reconnect_max_seconds)
+        self._delay = self._base_delay * random.uniform(0.8, 1.2)
         self.last_error = why
         log.warning("NRI: not registered with containerd; retrying", reason=why,
                     retry_in_seconds=round(self._delay, 2))
@@ -351,10 +430,14 @@ class NriPlugin(Controller):
     def describe(self) -> Dict[str, Any]:
         """For ``anolisnuma-ctl status``."""
         cfg = self.config
+        budget = getattr(getattr(self.frontend, "interceptor", None), "nri_hook_budget", 0.0)
         return {"socket": cfg.socket, "plugin": f"{cfg.plugin_index}-{cfg.plugin_name}",
                 "connected": self.connected, "runtime": self.runtime or None,
                 "request_timeout_ms": self.request_timeout_ms or None,
-                "last_disconnect": self.last_disconnect or None, **self.n}
+                # each hook's budget on an NRI event, cut to fit the request timeout (fit_to)
+                "hook_budget_ms": round(budget * 1000) if budget else None,
+                "last_disconnect": self.last_disconnect or None,
+                "retry_in_seconds": None if self._registered else round(self._delay, 2), **self.n}
 
 
 def _where(error: BaseException) -> str:

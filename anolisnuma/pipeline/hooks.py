@@ -122,5 +122,12 @@ class Hook:
         every pod UID, sandbox ID and container ID in ``fresh``: calls newer than the
         listing named them."""
 
+    def pods_adopted(self, pods: List[PodRecord]) -> None:
+        """Called after :meth:`resync` with the pods (of its ``pods``) the store first
+        learned of from that listing rather than from a call or an event: created while the
+        daemon was down, or while NRI mode was not registered. A hook tells its decision
+        about each as it would have at the pod's creation (the decision events), even when
+        the resync had nothing to write for it."""
+
     def close(self) -> None:
         """Release resources (watchers, threads) at shutdown."""

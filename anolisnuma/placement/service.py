@@ -56,7 +56,7 @@ from typing import Any, Container, Dict, List, Optional, Set, Tuple
 
 import structlog
 
-from anolisnuma.decision_events import DecisionEvents, NumaPlaced, PodRef, no_events
+from anolisnuma.decision_events import DecisionEvents, NumaPlaced, NumaPoolMoved, PodRef, no_events, pod_ref
 from anolisnuma.placement.answer import Answer, parse_cpus, where
 from anolisnuma.placement.move_history import MoveHistory
 from anolisnuma.placement.moves import LiveMoves, MoveInFlight
@@ -394,6 +394,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
         self.ledger.move(alloc.pod_uid, placement, source="balance")
         logger.warning("shared pool left the pod's NUMA nodes; pod re-placed", pod=alloc.ref,
                        old_nodes=list(old_nodes), new_nodes=list(placement.nodes), pool=str(pool))
+        self.decisions(NumaPoolMoved(pod_ref(alloc.ref, alloc.pod_uid), tuple(old_nodes), tuple(placement.nodes), str(pool)))
         return alloc
 
     @staticmethod
@@ -499,6 +500,7 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                     # creates in flight when the proxy stopped never got their reply to us
                     self.ledger.clear_pending(alloc.pod_uid)
             adopted: Dict[str, List[str]] = {}
+            told: List[NumaPlaced] = []   # the pods adopted: told after the lock
             unpinned: Dict[str, List[ContainerRecord]] = {}
             pool = self.ledger.pool
             for c in containers:
@@ -529,6 +531,8 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                     unpinned.setdefault(pod.sandbox_id, []).append(c)
                     continue
                 alloc = self._adopt(pod, c, cpus, share)
+                told.append(NumaPlaced(PodRef(pod.namespace, pod.name, pod.uid), tuple(alloc.nodes), str(cpus),
+                                       str(alloc.mems), "adopted", adopted=True))
                 adopted.setdefault(pod.ref, []).append(c.name)
                 self._note_drift(c, alloc, have)
             for sid, group in unpinned.items():
@@ -538,19 +542,24 @@ class PlacementService(PlacementRules, LiveMoves, PodStateHolder):
                     shares = [_share_of(c) for c in group]
                     demand = PodRequest(sum(s.millicpu for s in shares), sum(s.memory_bytes for s in shares))
                     try:
-                        placement, source = self._decide(self.select(pod).rule, demand, pool, log)
+                        placement, source = self._decide(rule := self.select(pod).rule, demand, pool, log)
                     except NoPlacement:
                         continue
                     alloc = Allocation(pod_uid=pod.uid, namespace=pod.namespace, name=pod.name,
                                        sandbox_id=pod.sandbox_id, nodes=placement.nodes, home=placement.home,
                                        mems=placement.mems, source=source)
                     self.ledger.add(alloc)
+                    told.append(NumaPlaced(PodRef(pod.namespace, pod.name, pod.uid), tuple(alloc.nodes),
+                                           str(alloc.cpus(pool)), str(alloc.mems), source, detail=placement.reason,
+                                           rule=rule.source if source == "rule" and rule else "", adopted=True))
                 for c in group:
                     self.ledger.add_container(pod.uid, c.container_id, _share_of(c))
                     self._note_drift(c, alloc, parse_cpus(c.resources.cpuset_cpus) or CpuSet())
                     adopted.setdefault(pod.ref, []).append(c.name)
             self._resynced = True
             self._changed()
+        for fact in told:
+            self.decisions(fact)
         (log.info if first or dropped or adopted else log.debug)(
             "NUMA allocations reconciled with containerd", allocations=len(self.ledger),
             dropped_pods=dropped or None, adopted=adopted or None,

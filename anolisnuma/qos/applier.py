@@ -173,6 +173,13 @@ class QosApplier:
                 self._tell(pod, told, report)
         return report
 
+    def tell(self, pod: ManagedPod) -> None:
+        """Tell the pod's decision now unless it was told: a pod adopted at a resync whose
+        values were found in place (or that has none to write on this kernel)."""
+        told, pod.told = pod.told, None
+        if told is not None:
+            self._tell(pod, told, ApplyReport())
+
     def _tell(self, pod: ManagedPod, told: QosApplied, report: ApplyReport) -> None:
         missing = tuple(t.knob.name for t in pod.targets if t.missing_logged)
         self.decisions(dataclasses.replace(

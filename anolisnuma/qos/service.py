@@ -348,6 +348,17 @@ class QosService(PodStateHolder):
             self.llc.sweep_tasks(pod, ctr)
         self.log.info("qos resync done", pods=len(self.state))
 
+    def tell_adopted(self, pods: List[PodRecord]) -> None:
+        """Tell the decision about each of ``pods`` (adopted by a resync) that is not told
+        yet: a resync that finds a pod's values in place tells nothing (a pod the daemon
+        knew was told before), so a pod new to the daemon is told here (on a kernel with no
+        knob of its level, nothing is ever written)."""
+        for rec in pods:
+            with self._admission:
+                pod = self.state.by_sandbox(rec.sandbox_id)
+                if pod is not None:
+                    self.applier.tell(pod)
+
     def _log_errors(self, ref: str, report: ApplyReport) -> None:
         if report.errors:
             self.log.error("qos knobs refused", pod=ref, errors=[str(e) for e in report.errors[:5]])

@@ -8,7 +8,9 @@ are left as they are: containerd only changes the fields that are set). Live mov
 re-pin fails is rolled back by the service (``apply_failed``), other failures are retried,
 but a container containerd answers NOT_FOUND for is gone for good (IDs are never re-used):
 its share is released at once, as its RemoveContainer would have, rather than tried and
-logged every pass until the resync notices.
+logged every pass until the resync notices. A client that says it is not ready
+(``client.ready()`` false: the NRI plugin not registered yet) is waited for: the pass leaves
+everything pending, and the client wakes the loop when it is.
 ``run_once`` may be called from another thread (the affinity controller applies its moves
 at once): passes are serialized.
 """
@@ -44,6 +46,7 @@ class CpusetRepinner(Controller):
         self.applied_total = 0   # placements applied and refused, summed (metrics)
         self.failed_total = 0
         self.gone_total = 0      # containers found gone (NOT_FOUND) and released
+        self.deferred_total = 0   # passes that waited for the client (NRI not registered yet)
 
     def run_once(self) -> int:
         """Apply every pending placement; returns how many were applied."""
@@ -53,6 +56,13 @@ class CpusetRepinner(Controller):
     def _run_once(self) -> int:
         from cri_proto import api_pb2
 
+        ready = getattr(self.client, "ready", None)
+        if ready is not None and not ready():
+            pending = len(self.placement.pending_updates())
+            if pending:
+                self.deferred_total += 1
+                log.info("NUMA re-pins wait for the NRI plugin's registration", pending=pending)
+            return 0
         applied = 0
         todo = list(self.placement.pending_updates())
         failed_now = set()
@@ -88,7 +98,8 @@ class CpusetRepinner(Controller):
         return applied
 
     def counts(self) -> Dict[str, int]:
-        return {"applied": self.applied_total, "failed": self.failed_total, "gone": self.gone_total}
+        return {"applied": self.applied_total, "failed": self.failed_total, "gone": self.gone_total,
+                "deferred": self.deferred_total}
 
     def closed(self) -> None:
         self.client.close()

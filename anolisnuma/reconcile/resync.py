@@ -9,7 +9,8 @@ verbose status), has the daemon's :class:`~anolisnuma.state.gone.Reaper` tell ev
 holder of pod state what the store no longer knows (a removal whose call was lost, a pod
 whose RunPodSandbox failed and was not retried), and hands the same listing to every hook
 (``Hook.resync``), which make their state follow what runs now (stopped sandboxes hold
-nothing) and adopt what is new. Whatever the kubelet's calls named since the window before
+nothing) and adopt what is new; the pods new to the store are then named to each hook
+(``Hook.pods_adopted``), which tells its decisions about them as at their creation. Whatever the kubelet's calls named since the window before
 the listing (:class:`~anolisnuma.pipeline.recent.RecentCalls`) is left alone by all of
 them: those calls are newer than the listing.
 """
@@ -127,11 +128,16 @@ class RuntimeResync(Controller):
         self.backoff = RetryBackoff()
         self._retry_in: Optional[float] = None
         self.not_ready: frozenset = frozenset()
+        self.adopted: List[PodRecord] = []   # the last listing's pods new to the store
+        # called after each pass that the hooks saw (the daemon wakes its re-pinners: what
+        # the pass adopted unpinned is pinned now, not at the re-pinner's next interval)
+        self.after_pass: Optional[Callable[[], None]] = None
 
     def listing(self) -> Tuple[List[PodRecord], List[ContainerRecord]]:
         """The store's pass and the reaping after it (the daemon's start-up runs the hooks
         itself)."""
         self.recent.new_window()
+        known = {p.sandbox_id for p in self.store.pods()}
         try:
             client = self.connect()
             try:
@@ -167,6 +173,9 @@ class RuntimeResync(Controller):
             containers = [c for c in containers if c.sandbox_id not in skipped]
         for k, v in changes.items():
             self._count(k, v)
+        # read back from containerd, not from a call or an event: told by the hooks as at creation
+        self.adopted = [p for p in pods if p.sandbox_id not in known and p.sandbox_id not in self.recent
+                        and p.uid not in self.recent]
         return pods, containers
 
     def _count(self, what: str, n: int) -> None:
@@ -177,9 +186,12 @@ class RuntimeResync(Controller):
         for hook in self.hooks:
             try:
                 hook.resync(pods, containers, self.recent)
+                tell_adopted(hook, self.adopted)
             except Exception as e:   # one hook's failure must not keep the others stale
                 self.hook_errors += 1
                 log.error("hook resync failed", hook=hook.name, error=repr(e))
+        if self.after_pass is not None:
+            self.after_pass()
         return len(pods), len(containers)
 
     @property
@@ -207,6 +219,13 @@ class RuntimeResync(Controller):
         return (f"cannot list containerd: {self.consecutive_failures} failed "
                 f"{'pass' if self.consecutive_failures == 1 else 'passes'} in a row for "
                 f"{time.time() - self.failing_since:.0f}s ({self.last_failure}){retry}")
+
+
+def tell_adopted(hook: Any, pods: List[PodRecord]) -> None:
+    """``hook.pods_adopted(pods)`` when there are any and the hook takes them."""
+    told = getattr(hook, "pods_adopted", None)
+    if pods and told is not None:
+        told(pods)
 
 
 def _pod_from_containerd(client: Any, sandbox: Any) -> PodRecord:

@@ -12,7 +12,7 @@ from anolisnuma.cluster.events import BURST, QUEUE, EventRecorder
 from anolisnuma.cluster.pod_events import PodEventSink, pod_event
 from anolisnuma.daemon import wire_decision_events
 from anolisnuma.decision_events import (
-    NumaMoved, NumaMoveFailed, NumaPlaced, PodRef, QosApplied, QosLevelRefused, QosSkipped, no_events,
+    NumaMoved, NumaMoveFailed, NumaPlaced, NumaPoolMoved, PodRef, QosApplied, QosLevelRefused, QosSkipped, no_events,
     pod_ref)
 
 POD = PodRef("batch", "web-0", "0c7b2a1e-5d7c-4c55-a7f3-6b7c1bb2b0f1")
@@ -28,6 +28,23 @@ def test_numa_placed_says_where_and_why() -> None:
     ev = pod_event(NumaPlaced(POD, (1,), "7", "", "kubelet-exclusive", container="main"), "n1")
     assert ev.note == ("n1: container main: NUMA node 1, cpuset 7, exclusive CPUs of the kubelet's static CPU "
                        "manager; left as the kubelet set them")
+
+
+def test_an_adopted_pod_says_it_was_found_running() -> None:
+    ev = pod_event(NumaPlaced(POD, (1,), "1", "1", "balance", detail="most free capacity (1 of 1 CPUs free)",
+                              adopted=True), "n1")
+    assert (ev.type, ev.reason) == ("Normal", "NumaPlaced")
+    assert ev.note == ("n1: NUMA node 1, cpuset 1, memset 1, by balance: most free capacity (1 of 1 CPUs free); "
+                       "found running unpinned at a resync (created while anolisnuma was not there): pinned live")
+    ev = pod_event(NumaPlaced(POD, (2,), "8-11", "", "adopted", adopted=True), "n1")
+    assert ev.note == "n1: NUMA node 2, cpuset 8-11, adopted as it runs (found already pinned)"
+
+
+def test_a_pod_the_kubelets_exclusive_cpus_moved_says_so() -> None:
+    ev = pod_event(NumaPoolMoved(POD, (0,), (1,), "32-127"), "n1")
+    assert (ev.type, ev.reason, ev.action, ev.controller) == ("Normal", "NumaMoved", "Move", "anolisnuma.io/numa")
+    assert ev.note == ("n1: moved from NUMA node 0 to node 1: the kubelet's static CPU manager gave the shared "
+                       "CPUs of node 0 to exclusive containers (shared pool now 32-127)")
 
 
 def test_qos_events_come_from_the_qos_component_numa_events_from_numa() -> None:

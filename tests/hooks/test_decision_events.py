@@ -11,15 +11,16 @@ import uuid
 from typing import List
 
 from anolisnuma.decision_events import (
-    Decision, NumaMoved, NumaMoveFailed, NumaPlaced, PodRef, QosApplied, QosSkipped)
+    Decision, NumaMoved, NumaMoveFailed, NumaPlaced, NumaPoolMoved, PodRef, QosApplied, QosSkipped)
+from anolisnuma.hooks.numa import NumaHook
 from anolisnuma.hooks.qos import QosHook
 from anolisnuma.policies.numa.config import NumaConfig
 from anolisnuma.policies.numa.cpuset import CpuSet
 from anolisnuma.policies.numa.rules import PinSpec
 from anolisnuma.reconcile.numa import CpusetRepinner
-from anolisnuma.state.records import ContainerRecord, PodRecord
+from anolisnuma.state.records import ContainerRecord, ContainerResources, PodRecord
 from anolisnuma.testing import fake_sysfs as F
-from test_numa_hook import FakeNode, kunpeng_static
+from test_numa_hook import PERIOD, FakeNode, kunpeng_static
 from test_numa_move import FakeContainerd, ScriptedSource, controller, two_pods
 from test_qos_hook import Pod, config
 
@@ -63,6 +64,52 @@ def test_a_kubelet_exclusive_container_is_told_with_the_kubelets_cpus(tmp_path):
     [fact] = facts
     assert fact == NumaPlaced(PodRef("batch", "specjb", uid), (1,), "32-33", "", "kubelet-exclusive",
                               container="main")
+
+
+def restarted(node: FakeNode) -> List[Decision]:
+    """kill -9 and start again, the new hook's sink wired before its start-up resync (as the
+    daemon wires it when it builds the hooks): what the resync told."""
+    node.hook.close()
+    node.hook = NumaHook(node.config, node.paths, node.topology)
+    facts = told(node.hook)
+    node.hook.resync(list(node.pods.values()), list(node.containers.values()))
+    return facts
+
+
+def test_pods_adopted_at_a_restart_are_told_and_pods_it_knew_are_not(tmp_path):
+    node = FakeNode(str(tmp_path), F.seed_16cpu())
+    known = node.run_pod("known")
+    node.create(known, "app", request=1000)
+    node.hook.placement.flush()
+    # created while the daemon was away: one unpinned, one found pinned on node 2 (its
+    # allocation lost with numa.json's last write)
+    late, pinned = node.run_pod("late"), node.run_pod("pinned")
+    for pod, cpus in ((late, ""), (pinned, "8-11")):
+        cid = uuid.uuid4().hex * 2
+        node.containers[cid] = ContainerRecord(cid, pod.sandbox_id, "app", resources=ContainerResources(
+            cpu_period=PERIOD, cpu_quota=-1, cpu_shares=1024, cpuset_cpus=cpus))
+    facts = restarted(node)
+    by_name = {f.pod.name: f for f in facts}
+    assert sorted(by_name) == ["late", "pinned"] and len(facts) == 2   # the known pod: told at its creation
+    placed, found = by_name["late"], by_name["pinned"]
+    assert isinstance(placed, NumaPlaced) and placed.adopted and placed.why == "balance"
+    alloc = node.hook.placement.ledger.get(late.uid)
+    assert placed.nodes == tuple(alloc.nodes) and placed.cpus == str(alloc.cpus(node.hook.placement.shared_pool))
+    assert placed.detail   # the balance's own reason
+    assert found == NumaPlaced(PodRef("batch", "pinned", pinned.uid), (2,), "8-11", "", "adopted", adopted=True)
+    assert restarted(node) == []   # a second restart knows them all
+
+
+def test_a_pod_the_kubelets_exclusive_cpus_push_off_its_node_is_told_moved(tmp_path):
+    node = kunpeng_static(tmp_path)
+    pod = node.run_pod("web")
+    node.create(pod, "app", request=1000)
+    node.create(pod, "side", request=1000)
+    g = node.run_pod("g", namespace="default")
+    node.create(g, "app", request=32000, limit=32000, kubelet_cpus="0-31")
+    facts = told(node.hook)
+    node.set_kubelet_state("32-127", {g.uid: {"app": "0-31"}})   # the pool leaves node 0
+    assert facts == [NumaPoolMoved(PodRef("batch", "web", pod.uid), (0,), (1,), "32-127")]   # once, not per container
 
 
 def test_a_failed_live_move_is_told_and_a_rule_repin_is_not(tmp_path):
@@ -180,6 +227,29 @@ def test_a_restart_that_finds_the_values_in_place_tells_nothing(kernel):
                                  annotations={"anolisbox.sh/qoslevel": "BE"})],
                  [ContainerRecord(cid, late.sandbox_id, "c")])
     assert [(type(f), f.pod.name) for f in facts] == [(QosApplied, "late")]
+
+
+def test_a_pod_adopted_on_a_kernel_with_no_qos_knob_is_told_once(kernel):
+    """Nothing is written for it (this kernel has no knob of any family): a resync alone
+    would tell nothing; the pods the store first learned of from the listing are told."""
+    fk = kernel(anolis=[], sched_group_identity_enabled=None)
+    first = QosHook(config(), fk.paths)
+    known = Pod(fk, first, annotations={"anolisbox.sh/qoslevel": "LS"}, name="known")
+    known.run()
+    late = Pod(fk, first, annotations={"anolisbox.sh/qoslevel": "BE"}, name="late")   # came while away
+    again = QosHook(config(), fk.paths)   # the daemon restarted
+    facts = told(again)
+    recs = [PodRecord(p.sandbox_id, p.uid, p.config.metadata.name, "default", p.parent,
+                      annotations=dict(p.config.annotations)) for p in (known, late)]
+    again.resync(recs, [])
+    assert facts == []
+    again.pods_adopted(recs[1:])   # (RuntimeResync.adopted: not in the store before the listing)
+    [fact] = facts
+    assert isinstance(fact, QosApplied) and fact.pod == PodRef("default", "late", late.uid) and fact.level == "BE"
+    assert fact.knobs == () and "cpu.bvt_warp_ns" in fact.lacking
+    again.pods_adopted(recs[1:])
+    again.resync(recs, [])
+    assert len(facts) == 1   # told once
 
 
 def test_without_a_sink_nothing_is_told_and_nothing_fails(kernel, tmp_path):

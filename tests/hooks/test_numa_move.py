@@ -224,7 +224,7 @@ def test_a_container_containerd_no_longer_knows_is_released_not_retried(seed):
     assert seed.hook.placement.ledger.get(b.uid).nodes == (0,)
     assert gone not in seed.hook.placement.ledger.get(b.uid).containers
     assert seed.hook.placement.pending_updates() == [] and seed.hook.placement.moves_in_flight() == []
-    assert repinner.counts() == {"applied": 1, "failed": 0, "gone": 1}
+    assert repinner.counts() == {"applied": 1, "failed": 0, "gone": 1, "deferred": 0}
     calls = len(client.calls)
     assert repinner.run_once() == 0 and len(client.calls) == calls   # nothing tried again
 

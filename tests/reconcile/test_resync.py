@@ -120,6 +120,43 @@ def test_every_hook_gets_the_same_listing_and_one_failing_does_not_stop_the_othe
     assert loop.counts()["adopted_pods"] == 1 and loop.counts()["adopted_containers"] == 1
 
 
+class Telling(Hook):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.adopted: List[List[str]] = []
+
+    def pods_adopted(self, pods) -> None:
+        self.adopted.append([p.sandbox_id for p in pods])
+
+
+def test_the_pods_new_to_the_store_are_named_to_the_hooks_after_their_resync():
+    """Created while the daemon was away (or NRI not registered): the hooks tell their
+    decisions about them (Hook.pods_adopted); the pods the store knew, and those a call
+    named meanwhile, are not named."""
+    ctd, store, recent = Listing(), Store(), RecentCalls()
+    store.put_pod(record(1))
+    for n in (1, 2, 3):
+        ctd.pod(n)
+    hook, plain = Telling("qos"), Hook("numa")   # (a hook without pods_adopted is fine)
+    loop = RuntimeResync(lambda: ctd, store, [plain, hook], recent, interval_seconds=60)
+    recent.note("uid-3")
+    assert loop.step() == (2, 0)   # (pod 3 is left to its call)
+    assert hook.adopted == [[sid(2)]] and [p.sandbox_id for p in loop.adopted] == [sid(2)]
+    assert loop.step() == (3, 0)   # the call's window is over: pod 3 is read back
+    assert hook.adopted == [[sid(2)], [sid(3)]]   # pod 2 named once: the store knows it now
+
+
+def test_each_pass_the_hooks_saw_is_followed_by_after_pass():
+    """(The daemon wakes its re-pinners there: what a pass adopted unpinned is pinned now.)"""
+    ctd, calls = Listing(), []
+    ctd.pod(1)
+    loop = RuntimeResync(lambda: ctd, Store(), [Hook("numa")], RecentCalls(), interval_seconds=60)
+    loop.after_pass = lambda: calls.append(len(loop.adopted))
+    loop.step()
+    loop.step()
+    assert calls == [1, 0]
+
+
 def test_recent_calls_are_left_alone_for_the_next_two_listings_only():
     recent = RecentCalls()
     recent.note("a", "", "b")
