@@ -72,6 +72,12 @@ def log_messages(proxy: SubprocessProxy) -> List[str]:
     return [line.get("message", "") for line in read_log(proxy.data["log"]["file"])]
 
 
+def logged(proxy: SubprocessProxy, message: str) -> None:
+    """Wait for ``message`` in the daemon's log: its writer thread writes the lines of a
+    tenth of a second at once, after the event they tell of."""
+    wait_until(lambda: message in log_messages(proxy), what=f"the log line {message!r}")
+
+
 def goaway_debug(c: RawH2Client) -> bytes:
     return next(f.payload[8:] for f in c.frames if f.type == wire.GOAWAY)
 
@@ -149,8 +155,7 @@ def test_a_connection_that_never_speaks_is_closed_and_the_others_are_served(daem
                 c.close()
         assert version(good, 3)   # the connection that spoke is not touched by the timeout
     wait_until(lambda: fds(pid) < baseline, what="the daemon to close the connections' descriptors")
-    assert "kubelet connection closed: no HTTP/2 preface within server.handshake_timeout_seconds" \
-        in log_messages(daemon)
+    logged(daemon, "kubelet connection closed: no HTTP/2 preface within server.handshake_timeout_seconds")
 
 
 def test_at_the_cap_the_connection_idle_longest_is_asked_to_go_and_the_new_one_is_served(daemon):
@@ -178,8 +183,8 @@ def test_at_the_cap_the_connection_idle_longest_is_asked_to_go_and_the_new_one_i
     status = relay_status(daemon)
     assert status["counters"]["connections_shed_idle"] >= 1
     assert status["max_connections"] == MAX_CONNECTIONS
-    assert "idle kubelet connection closed to make room: the connection cap is reached " \
-           "(the client reconnects for its next call)" in log_messages(daemon)
+    logged(daemon, "idle kubelet connection closed to make room: the connection cap is reached "
+                   "(the client reconnects for its next call)")
 
 
 def test_with_a_call_open_on_every_connection_a_new_one_is_refused_until_one_is_idle(daemon, backend):
@@ -208,8 +213,7 @@ def test_with_a_call_open_on_every_connection_a_new_one_is_refused_until_one_is_
         for c in held:
             c.close()
     assert relay_status(daemon)["counters"]["connections_refused_over_cap"] == 1
-    assert "kubelet connection refused: the connection cap is reached and every connection has a call open" \
-        in log_messages(daemon)
+    logged(daemon, "kubelet connection refused: the connection cap is reached and every connection has a call open")
 
 
 def test_a_flood_of_idle_connections_does_not_fail_a_well_behaved_client(daemon):
