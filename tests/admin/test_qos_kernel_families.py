@@ -24,7 +24,7 @@ from conftest import Kubelet, Node
 from anolisnuma.config import Config
 from anolisnuma.testing.fake_cri import FakeCri, hex_id, runtime_path
 from anolisnuma.testing.fake_kernel import FRESH_VALUES, FakeKernel, family_options
-from anolisnuma.testing.proxy import InProcessProxy, config_dict, write_config
+from anolisnuma.testing.proxy import REPO_ROOT, InProcessProxy, config_dict, write_config
 from anolisnuma.testing.qos_defaults import ALINUX_CONTAINER_KNOBS, ALINUX_POD, OPENEULER
 from cri_proto import api_pb2 as pb
 
@@ -197,6 +197,26 @@ def test_status_and_explain_on_openeuler_as_text(tmp_path, sockdir):
         assert "qos:" in out and ("BE (annotation volcano.sh/preemptable=true (rubik: offline): BE); set cpu.qos_level=-1, "
                                   "memory.qos_level=-1") in out
         assert "volcano.sh/preemptable=true" in next(line for line in out.splitlines() if line.startswith("markings:"))
+        explain = out
+        code, status, _ = node.ctl("status")
+    # docs/qos.md shows these two outputs ("How to check a node"): each line it shows is a
+    # line they print (the status sample is cut where it says "...")
+    samples = _doc_blocks(os.path.join(REPO_ROOT, "docs", "qos.md"), "### How to check a node")
+    assert len(samples) == 2
+    for sample, real in zip(samples, (status, explain)):
+        printed = [" ".join(line.split()) for line in real.splitlines()]
+        for line in sample:
+            if line.strip() != "...":
+                assert " ".join(line.split()) in printed, f"docs/qos.md shows {line!r}, which status/explain do not print"
+
+
+def _doc_blocks(path: str, heading: str) -> List[List[str]]:
+    """The lines of each plain fenced block under ``heading`` (up to the next heading)."""
+    with open(path) as f:
+        text = f.read()
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
+    blocks = section.split("```")
+    return [b.strip("\n").splitlines() for i, b in enumerate(blocks) if i % 2 == 1 and not b.split("\n", 1)[0].strip()]
 
 
 def test_a_tree_with_neither_family_writes_nothing_and_says_so(tmp_path, sockdir):
