@@ -9,7 +9,9 @@ What cleanup removes, and only that: containers under our runc root, our contain
 shims bound to our socket (matched by exact command-line arguments, never by name), mounts
 under our base/run dirs, our CNI bridge and CNI result-cache files, cgroup dirs under
 ``/kubepods*`` that did not exist when we first started (``rmdir`` only, so a cgroup that is
-in use is never touched), shared dirs we created (``/run/containerd/s``, ``/var/lib/cni``)
+in use is never touched; and only when no other private containerd runs on the host: an empty
+cgroup of another instance, a pod's made ahead of its containers or one runc has just made
+and not yet put its process in, is in use all the same, see :data:`HOST_LOCK`), shared dirs we created (``/run/containerd/s``, ``/var/lib/cni``)
 when no other containerd runs, and finally the base/run dirs.
 
 Needs root, the ``containerd``, ``runc`` and ``ctr`` binaries, and ``ip`` for the bridge.
@@ -18,6 +20,7 @@ Needs root, the ``containerd``, ``runc`` and ``ctr`` binaries, and ``ip`` for th
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import re
@@ -235,6 +238,30 @@ def make_pod_cgroup(parent: str, cgroup_root: str = CGROUP_ROOT) -> List[str]:
     return created
 
 
+# Every running instance holds this file locked shared (from start to cleanup, released
+# with its process however it ends); cleanup sweeps new dirs under /kubepods* only when it
+# can lock it exclusively, i.e. when no other instance (another test process, a benchmark,
+# a local run) may be making cgroups there at that moment. Without it, a sweep removed a
+# container cgroup another instance's runc had just made, and that StartContainer failed
+# ("openat2 .../cgroup.procs: no such file or directory").
+HOST_LOCK = "/run/anolisnuma-private-containerd.lock"
+
+
+def _host_lock(mode: int, wait: bool = False) -> Optional[int]:
+    """An fd holding HOST_LOCK in ``mode`` (fcntl.LOCK_SH / LOCK_EX), or None when it is
+    taken (``wait``: waits for it; a sweep holds it exclusively for a moment only)."""
+    try:
+        fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _rmdir_tree(top: str, keep: Set[str] = frozenset(), retries: int = 10) -> List[str]:
     """rmdir ``top`` and every cgroup below it, deepest first, skipping ``keep``.
     Returns the dirs that could not be removed (in use)."""
@@ -393,6 +420,7 @@ class PrivateContainerd:
         self.cgroup_root = cgroup_root
         self._proc: Optional[subprocess.Popen] = None
         self._lock = threading.RLock()
+        self._host_fd: Optional[int] = None   # HOST_LOCK held shared while we run
         self._state = self._load_state()
 
     # ---- paths
@@ -659,6 +687,8 @@ class PrivateContainerd:
             env["PATH"] = self.build.path_env(
                 env.get("PATH", "") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             t0 = time.monotonic()
+            if self._host_fd is None:   # (waits out another instance's sweep)
+                self._host_fd = _host_lock(fcntl.LOCK_SH, wait=True)
             with open(self.log_path, "ab") as log:
                 log.write(f"==== start {time.strftime('%Y-%m-%dT%H:%M:%S')} ====\n".encode())
                 log.flush()
@@ -908,7 +938,11 @@ class PrivateContainerd:
             # 5. cgroups: recorded pod dirs, then anything new under /kubepods*
             for parent in self._state.get("pod_cgroups", []):
                 problems += [f"cgroup in use: {d}" for d in remove_pod_cgroup(parent, self.cgroup_root)]
-            if "preexisting_cgroups" in self._state:
+            if self._host_fd is not None:   # (our own share must not stand in our way)
+                os.close(self._host_fd)
+                self._host_fd = None
+            alone = _host_lock(fcntl.LOCK_EX)
+            if "preexisting_cgroups" in self._state and alone is not None:
                 keep = set(self._state["preexisting_cgroups"])
                 for mnt, _ in cgroup_hierarchies(self.cgroup_root, include_v2=True):
                     try:
@@ -918,6 +952,8 @@ class PrivateContainerd:
                         continue
                     for top in tops:
                         _rmdir_tree(top, keep, retries=3)
+            if alone is not None:
+                os.close(alone)
             # 6. shared dirs we created, unless another containerd may be using them now
             created = self._state.get("created_shared_dirs", [])
             if created and not other_containerd_running():

@@ -206,3 +206,37 @@ def test_a_module_runs_on_1_7_only_when_it_names_it():
     assert [b for b in ("1.6", "1.7", "2.2") if containerd_builds.runs_on(b, None)] == ["1.6", "2.2"]
     assert [b for b in ("1.6", "1.7", "2.2") if containerd_builds.runs_on(b, ("1.7", "2.2"))] == ["1.7", "2.2"]
     assert not containerd_builds.runs_on("2.2", ("1.6",))
+
+
+def test_cleanup_leaves_new_cgroups_alone_while_another_instance_runs(tmp_path, monkeypatch):
+    """An empty cgroup under /kubepods* that is new since an instance started may be another
+    instance's, one its runc has just made and not yet put a process in: cleanup sweeps such
+    dirs only when no other instance holds HOST_LOCK (a sweep had failed another run's
+    StartContainer with "openat2 .../cgroup.procs: no such file or directory"). (Only the
+    refusal is tried here: a sweep of the real tree from a test could take a concurrent
+    run's cgroups, the very bug; every instance's cleanup makes one when alone.)"""
+    import fcntl
+    import uuid
+
+    monkeypatch.setattr(harness, "HOST_LOCK", str(tmp_path / "host.lock"))   # a lock world of our own
+    hierarchies = [m for m, ctrls in harness.cgroup_hierarchies() if "cpu" in ctrls]
+    if not hierarchies:
+        pytest.skip("no cgroup v1 cpu hierarchy here")
+    pc = harness.PrivateContainerd(str(tmp_path / "base"), str(tmp_path / "run"))
+    pc.write_config()   # records what exists now under /kubepods*
+    fresh = os.path.join(hierarchies[0], "kubepods", f"anolisnuma-sweep-test-{uuid.uuid4().hex[:8]}", "ctr")
+    other = harness._host_lock(fcntl.LOCK_SH)   # another instance, running
+    try:
+        assert other is not None
+        os.makedirs(fresh)
+        assert pc.cleanup() == []
+        assert os.path.isdir(fresh), "swept another instance's new cgroup"
+        assert harness._host_lock(fcntl.LOCK_EX) is None   # (the lock is what held it back)
+    finally:
+        if other is not None:
+            os.close(other)
+        for d in (fresh, os.path.dirname(fresh)):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
