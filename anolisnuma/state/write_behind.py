@@ -29,8 +29,9 @@ log = structlog.get_logger("anolisnuma.state")
 T = TypeVar("T")
 
 RETRY_SECONDS = 1.0   # a write that failed (disk full, read-only) is tried again this often
-# The changes of this long are one write (a pod start changes the ledger two or three times):
-# the writer thread wakes and writes once per pod start, not once per change.
+# The changes of this long are one write (a pod start changes the ledger two or three times,
+# and pods start in bursts): the writer wakes and fsyncs at most twice a second, not once per
+# change. What a crash can lose by it: docs/restarts.md.
 GATHER_SECONDS = 0.5
 
 
