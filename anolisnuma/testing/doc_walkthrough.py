@@ -19,14 +19,15 @@ with runs of blanks as one and what differs from run to run read past: durations
 what a caller's ``volatile`` patterns find (a running daemon's counters, say) as anything;
 :func:`as_shown` whether a command did what the document shows: shown with its output, it
 printed it, whatever its exit status (``kubectl auth can-i`` answers ``no`` with 1); shown
-without, it succeeded.
+without, it succeeded. :func:`cut_sample_differs` says where a sample that leaves lines out
+(a line ``…`` of its own where it does) differs from what the command printed.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import List, Pattern, Sequence
+from typing import List, Optional, Pattern, Sequence
 
 MARK = re.compile(r"^<!--\s*walkthrough:\s*([a-z-]+)\s*-->\s*$")
 FENCE = re.compile(r"^```(\w*)\s*$")
@@ -35,6 +36,7 @@ DURATION = re.compile(r"\b(?:\d+(?:\.\d+)?(?:ms|us|s|m|h|d))+\b|\b\d+(?:\.\d+)? 
 CLOCK = re.compile(r"\b\d\d:\d\d:\d\d\b")
 PID = re.compile(r"\bpid \d+\b")
 HEX_ID = re.compile(r"\b[0-9a-f]{12,64}\b")
+CUT = "…"
 ROLES = ("admin", "node", "node-config")
 KINDS = ("sh", "console", "toml")
 
@@ -133,6 +135,39 @@ def output_matches(expected: List[str], output: str, volatile: Sequence[Pattern[
     return want == [normalized(x, volatile) for x in output.splitlines() if x.strip()]
 
 
+def cut_sample_differs(shown: str, printed: str, volatile: Sequence[Pattern[str]] = ()) -> Optional[str]:
+    """None when ``printed`` is what ``shown`` shows, compared as :func:`output_matches`
+    does but for the lines a line ``…`` leaves out (any number, none too): each part between
+    cuts is a run of ``printed``'s lines, in order; the first part starts it and the last ends
+    it unless a cut stands there. Else the first line of ``shown`` not where it shows it and
+    the printed lines from where it was looked for."""
+    parts: List[List[str]] = [[]]
+    for line in shown.splitlines():
+        if line.strip() == CUT:
+            parts.append([])
+        elif line.strip():
+            parts[-1].append(normalized(line, volatile))
+    lines = [normalized(x, volatile) for x in printed.splitlines() if x.strip()]
+    at = 0
+    for i, part in enumerate(parts):
+        if i == 0:
+            starts: Sequence[int] = [0]
+        elif i == len(parts) - 1:
+            starts = [len(lines) - len(part)]
+        else:
+            starts = range(at, len(lines) - len(part) + 1)
+        found = next((s for s in starts if s >= at and lines[s:s + len(part)] == part), None)
+        if found is None:
+            # where the part's first line is, else where it had to be
+            begin = next((s for s in starts if s >= at and lines[s:s + 1] == part[:1]), max([at, *starts[:1]]))
+            missing = next(x for j, x in enumerate(part) if lines[begin + j:begin + j + 1] != [x])
+            return f"{missing!r} is not where the sample shows it; printed from there:\n" + "\n".join(lines[begin:])
+        at = found + len(part)
+    if len(parts) == 1 and at != len(lines):
+        return "printed more than the sample shows:\n" + "\n".join(lines[at:])
+    return None
+
+
 def as_shown(command: Command, returncode: int, stdout: str) -> bool:
     """See the module docstring."""
     if any(line.strip() for line in command.expected):
@@ -140,4 +175,4 @@ def as_shown(command: Command, returncode: int, stdout: str) -> bool:
     return returncode == 0
 
 
-__all__ = ["Command", "Step", "as_shown", "console_commands", "output_matches", "steps"]
+__all__ = ["Command", "Step", "as_shown", "console_commands", "cut_sample_differs", "output_matches", "steps"]

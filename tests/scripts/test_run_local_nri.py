@@ -6,6 +6,7 @@ it refuses before it starts anything."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,8 +18,32 @@ from anolisnuma.ctl.client import ask
 from anolisnuma.testing.containerd import cgroup_hierarchies, oom_score_adj_restricted, release_of_version
 from anolisnuma.testing.containerd_builds import build_named
 from anolisnuma.testing.daemon_probes import wait_until
+from anolisnuma.testing.doc_walkthrough import cut_sample_differs
+from anolisnuma.testing.proxy import REPO_ROOT
 
 BUILDS = [build_named(name) for name in ("1.7", "2.2")]   # NRI v0.8.0 and v0.11.0
+DOC = os.path.join(REPO_ROOT, "docs", "nri.md")
+# what differs between the document's run and this one, beyond the pids and containerd's IDs
+# doc_walkthrough reads past
+DOC_VOLATILE = [re.compile(p) for p in (
+    r"(?<=--nri runs containerd ).*",             # the containerd: its version and directory
+    r"(?<=with containerd )v\d+\.\d+\.\d+\b",      # its version, as it names itself to the plugin
+    r"(?<=\(Linux )[^,]+",                         # the kernel's release
+    r"\b[0-9a-f]{8}(?= \d+ [A-Z]+ )")]             # a pod's UID in `pods` (its first 8 digits)
+
+
+def docs_sample() -> str:
+    """docs/nri.md's sample of ``run-local.sh --nri --demo``: the "Try it" section's output."""
+    with open(DOC) as f:
+        section = f.read().split("\n## Try it\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = [text for language, text in re.findall(r"^```(\w*)\n(.*?)^```$", section, re.S | re.M) if not language]
+    return block
+
+
+def as_in_the_docs(text: str, swaps: dict) -> str:
+    for ours in sorted(swaps, key=len, reverse=True):
+        text = text.replace(ours, swaps[ours])
+    return text
 
 
 def kernel_cpus(parent: str, cid: str) -> str:
@@ -30,6 +55,18 @@ def kernel_cpus(parent: str, cid: str) -> str:
 @pytest.mark.skipif(os.geteuid() != 0, reason="run-local.sh starts containerd: needs root")
 @pytest.mark.parametrize("build", BUILDS, ids=[b.name for b in BUILDS])
 def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stopped(sockdir, tmp_path, build):
+    """Also that docs/nri.md's sample of it ("Try it") is what it printed, but for the lines
+    the sample cuts (``…``; doc_walkthrough.cut_sample_differs): both texts unwrapped (the
+    demo wraps at 100 columns, and this run's paths are not the defaults' length), this run's
+    paths shown as the defaults the document's run had (``/run/anolisnuma``,
+    ``/run/anolisnuma-containerd-nri``, ``/tmp/anolisnuma-containerd-nri``,
+    ``/var/log/anolisnuma.log``, ``anolisnuma-ctl`` by name), and read past in both what is
+    another at every run or on every machine: pids, containerd's IDs (hex), the pods' UIDs,
+    containerd's version and directory (the sample is of 2.2.7; 1.7.34 prints the same
+    lines), the kernel's release. Compared only on a machine like the document's (one NUMA
+    node, asserted; no CAP_SYS_RESOURCE; a kernel of neither QoS family), as CI's are: on
+    another the demo rightly prints other lines (none on restrict_oom_score_adj; what a QoS
+    kernel let each pod write)."""
     if build.missing() is not None:
         pytest.skip(build.missing())
     runtime = f"containerd {build.version()}"   # as containerd names itself to the plugin
@@ -88,7 +125,8 @@ def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stop
                      "memory.use_priority_oom=1, memory.wmark_ratio=95, memory.wmark_scale_factor=20, "
                      "memory.wmark_min_adj=-25"):
             assert line in said.splitlines(), f"{line!r} not in:\n{said}"
-        if status["knobs"]["family"] == "none":   # a mainline kernel, as these machines run
+        family = status["knobs"]["family"]
+        if family == "none":   # a mainline kernel, as these machines run
             here = f"        this kernel (Linux {os.uname().release}, neither family's files): nothing written"
             assert said.splitlines().count(here) == 2, text
         # the commands printed are this run's: its admin socket, containerd's socket; never a default path
@@ -117,6 +155,12 @@ def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stop
     wait_until(lambda: not _processes_mentioning(f"{run_dir}/local.toml"), "the daemon to end with run-local.sh")
     assert not _processes_mentioning(base) and not _processes_mentioning(run)
     assert not os.path.exists(base) and not os.path.exists(run)
+    if restrict and family == "none":
+        printed = as_in_the_docs(unwrapped(text), {
+            run_dir: "/run/anolisnuma", run: "/run/anolisnuma-containerd-nri", base: "/tmp/anolisnuma-containerd-nri",
+            log: "/var/log/anolisnuma.log", ctl_shown(): "anolisnuma-ctl"})
+        differs = cut_sample_differs(unwrapped(docs_sample()), printed, DOC_VOLATILE)
+        assert differs is None, f"docs/nri.md's sample of the demo, against this run's:\n{differs}"
 
 
 # ---------------------------------------------------------------- no containerd >= 1.7

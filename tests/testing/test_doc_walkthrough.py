@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from anolisnuma.testing.doc_walkthrough import Command, as_shown, output_matches, steps
+from anolisnuma.testing.doc_walkthrough import Command, as_shown, cut_sample_differs, output_matches, steps
 
 DOC = '''# Install
 
@@ -99,3 +99,18 @@ def test_what_differs_from_run_to_run_is_read_past_and_nothing_else() -> None:
     counts = [re.compile(r"(?<=running ).*")]
     assert output_matches(loops, "numa-repin  running  5s  12  0  0.01 ms  none\n", volatile=counts)
     assert not output_matches(loops, "numa-repin  stopped  5s  12  0  0.01 ms  none\n", volatile=counts)
+
+
+def test_a_cut_sample_may_leave_lines_out_where_it_says_and_nowhere_else() -> None:
+    printed = "start (pid 7)\nsandbox 0a1b2c3d4e5f6\n\nmiddle 1\nmiddle 2\nmiddle 3\nend\n"
+    assert cut_sample_differs("start (pid 42)\n…\nmiddle 2\n…\nend\n", printed) is None
+    assert cut_sample_differs("start (pid 42)\nsandbox 3746d945fb02d\n…\n", printed) is None
+    assert cut_sample_differs("…\nmiddle 3\n\nend\n", printed) is None
+    assert cut_sample_differs(printed, printed) is None                          # no cut: all of it
+    assert "printed more" in cut_sample_differs("start (pid 42)\nsandbox 3746d945fb02d\n", printed)
+    # a cut leaves lines out, never changes them, nor their order, nor the ends not cut
+    assert "'middle 4'" in cut_sample_differs("start (pid 7)\n…\nmiddle 4\n…\nend\n", printed)
+    assert "'middle 1'" in cut_sample_differs("…\nmiddle 2\nmiddle 1\n…\n", printed)
+    assert "'middle 1'" in cut_sample_differs("start (pid 7)\nmiddle 1\n…\nend\n", printed)  # not its start
+    assert "'middle 2'" in cut_sample_differs("start (pid 7)\n…\nmiddle 2\n", printed)       # not its end
+    assert "'end'" in cut_sample_differs("…\nend\nmiddle 1\n…\nmiddle 2 and more\n…\n", printed)
