@@ -355,6 +355,10 @@ class ChurnSoak:
         try:
             wait_until(lambda: not any(self.structures(self.status()).values()), "every structure to be empty",
                        4 * interval + 10, STATUS_POLL)
+            # and the state files written (the writers gather half a second of changes: one
+            # still writing holds its temporary file open, which is not a leak)
+            wait_until(lambda: not any(c.get("dirty") for c in (self.status().get("controllers") or {}).values()),
+                       "the state files written", 30, STATUS_POLL)
         except AssertionError as e:   # the wait's deadline: a finding of the soak, not a crash
             self.outcome.problems.append(str(e))
         return self.sample()

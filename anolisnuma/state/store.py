@@ -147,6 +147,12 @@ class Store:
         with self._saved:
             return self._saved.wait_for(lambda: self._saved_version >= target, timeout)
 
+    @property
+    def dirty(self) -> bool:
+        """Changes not on disk yet (its writer gathers them: see StoreWriter)."""
+        with self._saved:
+            return bool(self._path) and self._saved_version < self._version
+
     def close(self) -> None:
         self.flush()
         self.writer.stop()
@@ -193,6 +199,9 @@ class StoreWriter(Controller):
 
     def run_once(self) -> None:
         self.store.write()
+
+    def counts(self) -> dict:
+        return {"dirty": int(self.store.dirty)}
 
 
 def _decode(data: Dict[str, Any]) -> Tuple[List[PodRecord], List[ContainerRecord]]:

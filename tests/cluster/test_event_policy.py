@@ -75,8 +75,9 @@ def listed(expression: str, before: str) -> List[str]:
 
 def test_every_reason_and_action_the_daemon_words_is_listed_and_every_listed_one_is_worded() -> None:
     found, other = worded()
-    # (pod_event's QoS events take their reason from _qos, read above)
-    assert other == ["anolisnuma/cluster/pod_events.py:88"], other
+    # (pod_event's QoS events take their reason from _qos, read above: the one call whose
+    # reason is not written where it is made; its line moves as the file changes)
+    assert [site.rsplit(":", 1)[0] for site in other] == ["anolisnuma/cluster/pod_events.py"], other
     by_controller: Dict[str, Set[str]] = {}
     for controller, reason, _ in found:
         by_controller.setdefault(controller, set()).add(reason)
