@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import test_nri_e2e
@@ -38,6 +38,16 @@ direct = test_nri_e2e.direct   # the fixture (test_numa_e2e's): a client on cont
 NS = "numa-e2e"   # (test_numa_e2e's managed namespace: the CR lives there too, so it needs no trust)
 
 
+def linked_node_config(base: str, containerd: Any, cp: PrivateControlPlane) -> Tuple[Dict[str, Any], str]:
+    """(NRI mode's configuration for a node of a name of its own, linked to ``cp`` with that
+    node's identity; the name)."""
+    name = f"worker-{uuid.uuid4().hex[:8]}"
+    data = nri_config(base, containerd, node_name=name)
+    data["kubernetes"] = {"kubeconfig": node_kubeconfig(cp, name), "request_timeout_seconds": 3.0,
+                          "watch_timeout_seconds": 30.0, "backoff_max_seconds": 1.0}
+    return data, name
+
+
 def test_an_oenuma_cr_moves_a_pod_placed_by_nri_and_its_deletion_gives_it_back(containerd, direct, tmp_path):
     why = kube_apiserver.missing()
     if why is not None:
@@ -45,10 +55,7 @@ def test_an_oenuma_cr_moves_a_pod_placed_by_nri_and_its_deletion_gives_it_back(c
     cp = PrivateControlPlane.start_new()
     try:
         install(cp, NS)
-        name = f"worker-{uuid.uuid4().hex[:8]}"
-        data = nri_config(str(tmp_path), containerd, node_name=name)
-        data["kubernetes"] = {"kubeconfig": node_kubeconfig(cp, name), "request_timeout_seconds": 3.0,
-                              "watch_timeout_seconds": 30.0, "backoff_max_seconds": 1.0}
+        data, name = linked_node_config(str(tmp_path), containerd, cp)
         config = Config.from_dict(data)
         proxy = InProcessProxy(config, hooks=build_hooks(config)).start()
         kl = KubeletLike(containerd.socket, harness=containerd)
@@ -108,10 +115,7 @@ def test_nri_mode_tells_the_pods_a_restart_adopts_and_the_pod_the_kubelets_cpus_
     proxy = None
     try:
         install(cp, NS)
-        name = f"worker-{uuid.uuid4().hex[:8]}"
-        data = nri_config(str(tmp_path), containerd, node_name=name)
-        data["kubernetes"] = {"kubeconfig": node_kubeconfig(cp, name), "request_timeout_seconds": 3.0,
-                              "watch_timeout_seconds": 30.0, "backoff_max_seconds": 1.0}
+        data, name = linked_node_config(str(tmp_path), containerd, cp)
         # QoS on the real cgroups: this kernel has none of its knobs, so nothing is written
         data["paths"]["cgroup_root"] = "/sys/fs/cgroup"
         data["qos"] = {"enabled": True, "reconcile_interval_seconds": 0, "resctrl": {"enabled": False}}

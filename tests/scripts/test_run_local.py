@@ -26,6 +26,14 @@ VENV_CTL = os.path.join(os.environ.get("ANOLISNUMA_VENV", os.path.join(REPO_ROOT
 DEMO_WIDTH = 100   # the demo's lines (and run-local's, on paths as long as the defaults) at most
 
 
+
+def kill_if_running(script: "subprocess.Popen[bytes]", base: str, run: str) -> None:
+    """A test's end for a run-local.sh that did not stop (a failed assertion): kill its whole
+    group, and stop the private containerd it left behind."""
+    if script.poll() is None:
+        os.killpg(script.pid, signal.SIGKILL)
+        subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
+
 def ctl_shown() -> str:
     """How the demo prints the anolisnuma-ctl it runs: by name when PATH's is that one."""
     on_path = shutil.which("anolisnuma-ctl")
@@ -86,9 +94,7 @@ def test_sigterm_stops_the_proxy_and_the_private_containerd(sockdir, tmp_path):
         script.send_signal(signal.SIGTERM)
         assert script.wait(timeout=60) == 143
     finally:
-        if script.poll() is None:
-            os.killpg(script.pid, signal.SIGKILL)
-            subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
+        kill_if_running(script, base, run)
     said = script.stderr.read()
     assert said.endswith(f"run-local: the private containerd (pid {ctd}) stopped\nrun-local: removed {base} and {run}\n"
                          f"run-local: kept: {tmp_path}/run (local.toml, local-state), {tmp_path}/local.log\n"
@@ -136,9 +142,7 @@ def test_demo_shows_the_two_pods_and_ctrl_c_removes_them(sockdir, tmp_path):
         os.killpg(script.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
         assert script.wait(timeout=60) == 130
     finally:
-        if script.poll() is None:
-            os.killpg(script.pid, signal.SIGKILL)
-            subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
+        kill_if_running(script, base, run)
     text = out.read_text()
     assert "batch removed" in text and "web removed" in text
     assert f"run-local: the private containerd (pid {ctd}) stopped\nrun-local: removed {base} and {run}\n" in text

@@ -12,7 +12,8 @@ import subprocess
 import sys
 
 import pytest
-from test_run_local import DEMO, DEMO_WIDTH, PRIVATE, SCRIPT, _processes_mentioning, containerd_pid, ctl_shown, unwrapped
+from test_run_local import (DEMO, DEMO_WIDTH, PRIVATE, SCRIPT, _processes_mentioning, containerd_pid, ctl_shown,
+                            kill_if_running, unwrapped)
 
 from anolisnuma.ctl.client import ask
 from anolisnuma.testing.containerd import cgroup_hierarchies, oom_score_adj_restricted, release_of_version
@@ -141,9 +142,7 @@ def test_nri_demo_places_the_pods_on_two_fake_nodes_and_ctrl_c_says_what_it_stop
         os.killpg(script.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
         assert script.wait(timeout=60) == 130
     finally:
-        if script.poll() is None:
-            os.killpg(script.pid, signal.SIGKILL)
-            subprocess.run([sys.executable, PRIVATE, "stop", "--base", base, "--run", run], check=False)
+        kill_if_running(script, base, run)
     text = out.read_text()
     closing = text[text.index("run-local: the demo's pods stay"):].splitlines()[1:]
     assert closing == ["demo: anolisnuma-demo/batch removed", "demo: anolisnuma-demo/web removed",
