@@ -13,6 +13,10 @@ import os
 import socket
 from typing import Optional, Tuple
 
+from anolisnuma.system import pyroute2_lean
+
+pyroute2_lean.install()     # before the first pyroute2 import: its message modules only
+
 from pyroute2.netlink import NETLINK_NETFILTER, NLM_F_ACK, NLM_F_REQUEST, NLMSG_ERROR
 from pyroute2.netlink.nfnetlink import NFNL_SUBSYS_CTNETLINK
 from pyroute2.netlink.nfnetlink.nfctsocket import IPCTNL_MSG_CT_GET, NFCTAttrTuple, nfct_msg

@@ -35,6 +35,10 @@ import socket
 import struct
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from anolisnuma.system import pyroute2_lean
+
+pyroute2_lean.install()     # before the first pyroute2 import: its message modules only
+
 from pyroute2.netlink import (
     NETLINK_SOCK_DIAG,
     NLM_F_DUMP,
