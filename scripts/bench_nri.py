@@ -32,6 +32,9 @@ as bench_proxy.py's pod start):
            pods of the namespace round-robin to CPU 0 / 1); started and waited for ("nri-anchor:
            synchronized") before each of its arms, stopped after; absent -> the arm is skipped
 
+Daemon B subscribes to the NRI events its policies act on (with NUMA alone, not
+StartContainer or StopContainer: ``NriFrontEnd.events``); nri-anchor to all eight.
+
 Every arm starts with a warm-up pod, not timed and removed at once: containerd notices a
 plugin that went away (the previous arm's) only at its next event.
 
@@ -47,7 +50,7 @@ The rounds run ``--repeat`` times (the load is said for each repeat). Printed be
 figure the mean added over direct (the mean of per-round differences, with a 95 %
 t-interval over rounds), "CreateContainer added over no plugin" for nri and anchor, the
 plugins' CPU per pod start (process CPU clock of daemon B and of nri-anchor over the timed
-pods), and issue 34's targets read off them (met / missed; informative only).
+pods; daemon B's from when the metrics scrape before them has ended in it), and issue 34's targets read off them (met / missed; informative only).
 
 Printed: per arm p50 / p90 / max of the pod start and of each call, their ratios to direct
 (p50 and p90); what the daemons logged for the same calls (proxy: request in to reply out,
@@ -385,6 +388,21 @@ def machine() -> Dict[str, str]:
 
 # --------------------------------------------------------------------------- the run
 
+def wait_quiet(pid: int, quiet_s: float = 0.2, limit_s: float = 3.0) -> bool:
+    """Wait until process ``pid`` used under 1 ms of CPU in ``quiet_s`` (at most
+    ``limit_s``): a metrics scrape's collection finishes after its answer (its threads,
+    the collected lists let go), and that CPU is not a pod start's. False if never quiet."""
+    deadline = time.monotonic() + limit_s
+    last = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = cpu_seconds(pid)
+        if now - last < 0.001:
+            return True
+        last = now
+    return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -677,6 +695,8 @@ class Bench:
         self.problems += [f"{arm} warm-up cleanup: {e}" for e in self.remove_all(kl)]
         offset = daemon.log_size() if daemon is not None else 0
         hooks0 = daemon.hooks() if daemon is not None and record else {}
+        if pid and hooks0:
+            wait_quiet(pid)   # (the scrape's own tail is not the pods')
         cpu0 = cpu_seconds(pid) if pid else 0.0
         t0 = time.monotonic()
         times = [self.one_pod(kl, arm) for _ in range(n)]
@@ -778,7 +798,8 @@ def render(r: Dict[str, Any]) -> str:
         for a in arms:
             f, x = figs[c][a], rat[c][a]
             logged = s["daemon_ms"].get(a, {}).get(c)
-            lg = f"{_f(logged['p50'])} / {_f(logged['mean'])} (n={logged['n']})" if logged else "-"
+            lg = (f"{_f(logged['p50'])} / {_f(logged['mean'])} (n={logged['n']})" if logged and logged["n"]
+                  else "no event (not subscribed)" if a == "nri" else "-")
             L.append(f"| {c} | {a} | {_f(f['p50'])} / {_f(f['p90'])} / {_f(f['max'])} | {_f(f['mean'])} | "
                      f"{_f(x['p50'], 3)} / {_f(x['p90'], 3)} | {lg} |")
     L.append("")

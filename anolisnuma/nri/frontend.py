@@ -33,7 +33,7 @@ so an event crosses no thread but its hooks' executor hop (``Interceptor._run_ho
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import structlog
 
@@ -43,8 +43,17 @@ from anolisnuma.nri.session import NriRequestError
 from anolisnuma.pipeline import hooks as H
 from anolisnuma.pipeline.decision import Decision
 from cri_proto import api_pb2 as cri
+from nri_proto import api_pb2 as nri
 
 log = structlog.get_logger("anolisnuma.nri")
+
+# The NRI events this front-end takes, and the CRI method each runs as (the table above).
+EVENT_METHODS: Dict[int, str] = {
+    nri.RUN_POD_SANDBOX: H.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX: H.STOP_POD_SANDBOX,
+    nri.REMOVE_POD_SANDBOX: H.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER: H.CREATE_CONTAINER,
+    nri.START_CONTAINER: H.START_CONTAINER, nri.UPDATE_CONTAINER: H.UPDATE_CONTAINER_RESOURCES,
+    nri.STOP_CONTAINER: H.STOP_CONTAINER, nri.REMOVE_CONTAINER: H.REMOVE_CONTAINER,
+}
 
 # for a call the pipeline did not finish within the time containerd gives us
 _DEADLINE_EXCEEDED = grpcwire.STATUS_CODES["DEADLINE_EXCEEDED"]
@@ -73,6 +82,18 @@ class NriFrontEnd:
         if over:
             log.info("NRI: hook budgets cut to fit containerd's request timeout", request_timeout_seconds=request_timeout,
                      budget_seconds=round(self.interceptor.nri_hook_budget, 3), configured=over)
+
+    def events(self) -> Tuple[int, ...]:
+        """The NRI events to subscribe to: those whose method a hook or the store acts on
+        (``Interceptor.methods_acted_on``), every one while the hooks are not built.
+
+        containerd waits for a subscribed plugin's answer before it goes on with the
+        container, so an event nothing here acts on is not asked for: with NUMA alone
+        (no hook on StartContainer or StopContainer) a pod start is two events, not three.
+        The hooks are fixed for the daemon's life (a policy change needs a restart), and
+        so is this set."""
+        wanted = self.interceptor.methods_acted_on()
+        return tuple(e for e, method in EVENT_METHODS.items() if wanted is None or method in wanted)
 
     # ------------------------------------------------------------------ events
     # (coroutines, on the loop; each raises NriRequestError for a refusal or an overrun)

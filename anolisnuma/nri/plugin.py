@@ -45,7 +45,7 @@ import os
 import random
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -53,6 +53,7 @@ from google.protobuf.message import DecodeError
 from anolisnuma.controller import Controller
 from anolisnuma.cri.grpcwire import STATUS_CODES
 from anolisnuma.nri import door, translate
+from anolisnuma.nri.frontend import EVENT_METHODS
 from anolisnuma.nri.session import NriRequestError, NriSession
 from anolisnuma.trusted_file import UntrustedFile
 from nri_proto import api_pb2 as nri
@@ -72,10 +73,16 @@ _PASS_ON = {"CreateContainer": (nri.CreateContainerResponse, "CreateContainer"),
             "StopContainer": (nri.StopContainerResponse, "StopContainer"),
             "StateChange": (nri.Empty, None),
             "UpdatePodSandbox": (nri.UpdatePodSandboxResponse, None)}
-# the events the policies act on (anolisnuma/nri/frontend.py); bit e-1 for event e, as NRI's EventMask
-_EVENTS = (nri.RUN_POD_SANDBOX, nri.STOP_POD_SANDBOX, nri.REMOVE_POD_SANDBOX, nri.CREATE_CONTAINER,
-           nri.START_CONTAINER, nri.UPDATE_CONTAINER, nri.STOP_CONTAINER, nri.REMOVE_CONTAINER)
-EVENT_MASK = sum(1 << (e - 1) for e in _EVENTS)
+
+
+def event_mask(events: Iterable[int]) -> int:
+    """NRI's EventMask of ``events``: bit e-1 for event e."""
+    return sum(1 << (e - 1) for e in set(events))
+
+
+# every event the front-end can take (anolisnuma/nri/frontend.py); the policies' own set,
+# subscribed at Configure, is the part of it they act on (NriFrontEnd.events)
+EVENT_MASK = event_mask(EVENT_METHODS)
 REGISTRATION_TIMEOUT = 5.0   # containerd's plugin_registration_timeout default
 FIRST_RETRY_SECONDS = 0.5    # the backoff's first delay, doubled up to [nri] reconnect_max_seconds
 UPDATE_TIMEOUT = 5.0
@@ -339,9 +346,11 @@ class NriPlugin(Controller):
         self.request_timeout_ms = req.request_timeout
         if req.request_timeout > 0:   # our events must be answered within it
             self.frontend.fit_to(req.request_timeout / 1000.0)
+        events = self.frontend.events()
         log.info("NRI: configured by the runtime", runtime=self.runtime,
-                 request_timeout_ms=req.request_timeout, registration_timeout_ms=req.registration_timeout)
-        return nri.ConfigureResponse(events=EVENT_MASK)
+                 request_timeout_ms=req.request_timeout, registration_timeout_ms=req.registration_timeout,
+                 events=[nri.Event.Name(e) for e in events])
+        return nri.ConfigureResponse(events=event_mask(events))
 
     def _synchronize(self, req: Any) -> Any:
         # containerd sends its pods and containers in parts when they are many; the resync

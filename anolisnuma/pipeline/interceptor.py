@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, FrozenSet, List, Optional, Set, Tuple, Union
 
 import structlog
 from google.protobuf.message import DecodeError
@@ -41,6 +41,11 @@ HOOK_THREADS = 8
 # with NOT_FOUND, which the kubelet takes as done. Logged as a warning it would be noise.
 _NOT_FOUND = grpcwire.STATUS_CODES["NOT_FOUND"]
 _IDEMPOTENT_TEARDOWN = frozenset((H.STOP_POD_SANDBOX, H.REMOVE_POD_SANDBOX, H.STOP_CONTAINER, H.REMOVE_CONTAINER))
+
+# The calls whose outcome the store keeps (_record), whichever hooks run: the pods and
+# containers made, their resources changed, and their removal (the reaper's release).
+RECORDED = frozenset((H.RUN_POD_SANDBOX, H.CREATE_CONTAINER, H.UPDATE_CONTAINER_RESOURCES,
+                      H.REMOVE_CONTAINER, H.REMOVE_POD_SANDBOX))
 
 # log messages in the anolisbox style: "<what> request from kubelet" / "... reply from containerd"
 _WORDS = {
@@ -142,6 +147,16 @@ class Interceptor(HookStages):
         self._post = {m: [h for h in self.hooks if h.wants_post(m)] for m in methods.INTERCEPTED}
         self._ready = True
         self._wake_waiting()
+
+    def methods_acted_on(self) -> Optional[FrozenSet[str]]:
+        """The intercepted methods a call of which anything here acts on: those a hook
+        runs on (pre or post) and those the store records (:data:`RECORDED`); None while
+        the hooks are not built (any method may then matter). NRI mode subscribes to the
+        events of these methods only (``NriFrontEnd.event_mask``)."""
+        if not self._ready:
+            return None
+        hooked = {m for m, hooks in self._pre.items() if hooks} | {m for m, hooks in self._post.items() if hooks}
+        return frozenset(hooked | RECORDED)
 
     def hooks_failed(self, why: str) -> None:
         """The hooks will never be ready (a fail-policy hook could not start): calls

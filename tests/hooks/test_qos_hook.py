@@ -512,3 +512,24 @@ def test_resync_adopts_existing_pods_and_drops_the_rest(node):
     assert hook.state.by_sandbox(old.sandbox_id) is None
     assert pod.knobs() == POD["LSE"] and pod.knobs(rel)["cpu.bvt_warp_ns"] == 2
     assert node.resctrl.tasks("anolisnuma-all") == ["55"]
+
+
+def test_in_nri_mode_qos_is_sent_start_container(node):
+    """QoS sets the container's knobs when its task is made (StartContainer): with QoS on,
+    NRI mode subscribes to that event."""
+    import asyncio
+
+    from anolisnuma.config import HooksConfig
+    from anolisnuma.nri.frontend import NriFrontEnd
+    from anolisnuma.pipeline.interceptor import Interceptor
+    from anolisnuma.state.store import Store
+    from nri_proto import api_pb2 as nri
+
+    ic = Interceptor([QosHook(config(), node.paths)], HooksConfig(), Store())
+    loop = asyncio.new_event_loop()
+    try:
+        events = {nri.Event.Name(e) for e in NriFrontEnd(ic, loop).events()}
+    finally:
+        loop.close()
+        ic.executor.shutdown(wait=False)
+    assert "START_CONTAINER" in events and "STOP_CONTAINER" not in events

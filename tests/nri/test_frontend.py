@@ -14,7 +14,7 @@ import pytest
 
 from anolisnuma.config import HookSettings, HooksConfig
 from anolisnuma.nri import translate
-from anolisnuma.nri.frontend import NriFrontEnd
+from anolisnuma.nri.frontend import EVENT_METHODS, NriFrontEnd
 from anolisnuma.nri.session import NriRequestError
 from anolisnuma.pipeline.hooks import (
     CREATE_CONTAINER, REMOVE_CONTAINER, RUN_POD_SANDBOX, START_CONTAINER, UPDATE_CONTAINER_RESOURCES, Call, Hook,
@@ -239,3 +239,38 @@ def test_translate_keeps_what_the_hooks_read():
     empty = nri.Container(id="bare", pod_sandbox_id="sb")
     req2, _ = translate.create_container(nri.PodSandbox(id="sb"), empty)
     assert req2.config.linux.resources.cpuset_cpus == "" and not req2.sandbox_config.linux.HasField("resources")
+
+
+# ------------------------------------------------------------------ the events subscribed
+class OnCreateOnly(Hook):
+    """A policy that acts on CreateContainer alone (pre), as a cpuset-only plugin would."""
+
+    name = "numa"
+    methods = frozenset({CREATE_CONTAINER})
+
+    def pre(self, call: Call) -> None:
+        pass
+
+
+def subscribed(hooks: Any) -> List[str]:
+    ic = Interceptor(hooks, HooksConfig(), Store())
+    loop = asyncio.new_event_loop()
+    try:
+        return sorted(nri.Event.Name(e) for e in NriFrontEnd(ic, loop).events())
+    finally:
+        loop.close()
+        ic.executor.shutdown(wait=False)
+
+
+def test_the_events_subscribed_are_those_a_hook_or_the_store_acts_on():
+    # the store's own: pods and containers made, resources changed, removals
+    store = ["CREATE_CONTAINER", "REMOVE_CONTAINER", "REMOVE_POD_SANDBOX", "RUN_POD_SANDBOX", "UPDATE_CONTAINER"]
+    assert subscribed([OnCreateOnly()]) == store
+    assert subscribed([]) == store
+    # a hook on StartContainer (QoS's knobs for the container) brings that event in
+    assert subscribed([OnCreateOnly(), Pinner()]) == sorted(store + ["START_CONTAINER"])
+
+
+def test_every_event_is_subscribed_while_the_hooks_are_not_built():
+    assert subscribed(None) == sorted(nri.Event.Name(e) for e in EVENT_METHODS)
+    assert len(EVENT_METHODS) == 8

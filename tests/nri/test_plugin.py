@@ -14,6 +14,7 @@ from typing import Any, Iterator, List, Tuple
 import pytest
 
 from anolisnuma.nri.config import NriConfig
+from anolisnuma.nri.frontend import EVENT_METHODS
 from anolisnuma.nri.plugin import EVENT_MASK, NriPlugin
 from anolisnuma.nri.session import NriRequestError
 from anolisnuma.testing.nri_runtime import FakeNriRuntime
@@ -32,6 +33,9 @@ class Recorder:
 
     def fit_to(self, request_timeout: float) -> None:
         self.timeout = request_timeout * 0.9
+
+    def events(self) -> Tuple[int, ...]:
+        return tuple(EVENT_METHODS)
 
     def _note(self, name: str, *args: Any) -> None:
         self.calls.append((name, args))
