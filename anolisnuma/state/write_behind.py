@@ -30,9 +30,11 @@ T = TypeVar("T")
 
 RETRY_SECONDS = 1.0   # a write that failed (disk full, read-only) is tried again this often
 # The changes of this long are one write (a pod start changes the ledger two or three times,
-# and pods start in bursts): the writer wakes and fsyncs at most twice a second, not once per
-# change. What a crash can lose by it: docs/restarts.md.
-GATHER_SECONDS = 0.5
+# and pods start in bursts): the writer wakes and fsyncs at most every two seconds, not once
+# per change. Each write costs its writer ~1 ms of CPU woken cold (temp file, fsync, rename,
+# directory fsync): at half a second that was a fifth of a pod start's CPU in NRI mode
+# (scripts/bench_nri.py). What a crash can lose by it: docs/restarts.md.
+GATHER_SECONDS = 2.0
 
 
 class WriteBehind(Controller, Generic[T]):
