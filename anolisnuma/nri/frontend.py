@@ -154,10 +154,31 @@ class NriFrontEnd:
                             timeout_seconds=self.timeout)
                 raise NriRequestError(_DEADLINE_EXCEEDED, f"anolisnuma: {method} took more than {self.timeout:g}s")
             outcome = outcome.result()   # (what the pipeline raised, raised here: the plugin's to contain)
-        edited = self._finish(pc, outcome, request, reply)
+        # containerd waits for the answer, not for the call's bookkeeping: that runs right
+        # after the answer is written (_finish_soon), as the proxy runs a call's post-hooks
+        # once its reply is on the way
+        self._finish_soon(pc, outcome, request, reply)
         if outcome.status:
             raise NriRequestError(outcome.status, outcome.message)
-        return edited
+        return pc.call.request if pc.call is not None else request   # (as the pre-hooks left it)
+
+    def _finish_soon(self, pc: Any, decision: Decision, request: Any, reply: Any) -> None:
+        """:meth:`_finish` on the loop's next turn: after this event's answer is written (the
+        rest of the event's handling, up to the write, runs in the same step) and before
+        any event read later, so the pod's next event finds the call recorded."""
+        self.loop.call_soon(self._finish_logged, pc, decision, request, reply)
+
+    def _finish_logged(self, pc: Any, decision: Decision, request: Any, reply: Any) -> None:
+        try:
+            self._finish(pc, decision, request, reply)
+        except Exception as e:   # (the answer is out; a callback's error would only reach asyncio's handler)
+            log.error("NRI: finishing an answered event failed", method=pc.method, error=repr(e)[:300])
+
+    async def settled(self) -> None:
+        """Return once the events answered so far have finished their bookkeeping (their
+        record, log line, journal, inline post-hooks; a post-hook on a thread is the
+        interceptor's to settle): one turn of the loop, on which :meth:`_finish_soon` put them."""
+        await asyncio.sleep(0)
 
     def _finish(self, pc: Any, decision: Decision, request: Any, reply: Any) -> Any:
         """The pipeline's end of a decided call (post-hooks, journal); the request as the

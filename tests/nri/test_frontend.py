@@ -67,7 +67,14 @@ class Driven:
         attr = getattr(self.fe, name)
         if not asyncio.iscoroutinefunction(attr):
             return attr
-        return lambda *args: asyncio.run_coroutine_threadsafe(attr(*args), self.fe.loop).result(30)
+
+        async def answered_and_settled(*args: Any) -> Any:
+            # (an event's bookkeeping runs just after its answer: the store is looked at after both)
+            try:
+                return await attr(*args)
+            finally:
+                await self.fe.settled()
+        return lambda *args: asyncio.run_coroutine_threadsafe(answered_and_settled(*args), self.fe.loop).result(30)
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self.fe, name, value)
@@ -274,3 +281,25 @@ def test_the_events_subscribed_are_those_a_hook_or_the_store_acts_on():
 def test_every_event_is_subscribed_while_the_hooks_are_not_built():
     assert subscribed(None) == sorted(nri.Event.Name(e) for e in EVENT_METHODS)
     assert len(EVENT_METHODS) == 8
+
+
+def test_the_answer_comes_before_the_calls_bookkeeping_which_the_next_event_finds_done(running):
+    """containerd waits for the answer only: the call's record, log line, journal and inline
+    post-hooks run just after it is made, on the loop's next turn, before any later event."""
+    fe, ic, _ = running
+    p = pod("order", pin="1")
+    fe.run_pod_sandbox(p)
+    cid = f"c-{p.name}-main"
+
+    async def create_then_look() -> Any:
+        adjust = await fe.fe.create_container(p, container(p))
+        at_answer = ic.store.container(cid) is not None
+        await fe.fe.settled()
+        return adjust, at_answer, ic.store.container(cid)
+
+    adjust, at_answer, recorded = asyncio.run_coroutine_threadsafe(create_then_look(), fe.fe.loop).result(30)
+    assert adjust.linux.resources.cpu.cpus == "1"
+    assert at_answer is False
+    assert recorded is not None and recorded.resources.cpuset_cpus == "1"
+    fe.remove_container(container(p))   # the next event of the pod: the container is known
+    assert ic.store.container(cid) is None
