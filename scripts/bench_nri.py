@@ -19,7 +19,8 @@ It starts, and always removes again (also on error, Ctrl-C or SIGTERM):
   containerd makes): started and waited for ("registered with containerd as an NRI plugin"
   in its log) before each of its arms, stopped (SIGTERM) after; neither is timed.
 
-Both daemons have NUMA placement on for the benchmark's namespace over a fake two-node
+Both daemons have NUMA placement on for the benchmark's namespace (and no periodic resync:
+daemon A would adopt and pin the pods other arms make on containerd's own socket) over a fake two-node
 topology mapped onto CPUs 0 and 1 (as tests/e2e/test_numa_e2e.py: node 0 = CPU 0, node 1 =
 CPU 1, memory pinning off). The arms, all with one KubeletLike client (tests/e2e/cri_client.py,
 as bench_proxy.py's pod start):
@@ -416,7 +417,12 @@ def daemon_config(base: str, containerd: PrivateContainerd, nri: bool) -> Dict[s
     port = free_port()
     data = config_dict(base, containerd.socket, extra={
         "numa": {"enabled": True, "namespaces": [NS], "memory_pinning": "off", "poll_interval_seconds": 1.0},
-        "log": {"stderr": False}, "metrics": {"listen": f"127.0.0.1:{port}"}})
+        "log": {"stderr": False}, "metrics": {"listen": f"127.0.0.1:{port}"},
+        # Every arm's pods are in the managed namespace, and daemon A runs through them all:
+        # its periodic resync would adopt and pin the pods of the direct and anchor arms
+        # (made on containerd's own socket) that happen to be running then. Its start-up
+        # resync is kept.
+        "runtime": {"resync_interval_seconds": 0.0}})
     FakeTopology(name="2n-2c-bench-nri", node_cpus=NODE_CPUS, distances=[[10, 20], [20, 10]],
                  memory_bytes={0: 2 * GIB, 1: 2 * GIB}).write(data["paths"]["sys_root"])
     if nri:
