@@ -60,7 +60,7 @@ class HookStages:
         """Whether ``hooks``' ``stage`` of this call can run right here: all on the loop,
         and the pod's lock free (no earlier call of the pod still to finish its hooks)."""
         return (all(self._inline(pc, hook, stage) for hook in hooks)
-                and not self._lock_for(pc.call).users)
+                and not self._pod_busy(pc.call))
 
     def pre_now(self, pc: Any, hooks: Sequence[H.Hook], original: bytes) -> Decision:
         for hook in hooks:
@@ -218,6 +218,13 @@ class HookStages:
 
     def _overran(self, name: str) -> None:
         self._overrunning[name] -= 1
+
+    def _pod_busy(self, call: H.Call) -> bool:
+        """Whether an earlier call of the pod still holds or waits for its lock (looked at
+        without making one: a call whose stages run at once never needs it)."""
+        if call.pod is not None:
+            return self.pod_locks.busy(call.pod.uid, call.pod.sandbox_id)
+        return self.pod_locks.busy("", call.container.sandbox_id if call.container is not None else "")
 
     def _lock_for(self, call: H.Call) -> PodLock:
         if call.pod is not None:

@@ -3,16 +3,19 @@ order the calls came (a CreateContainer pre-hook sees what the RunPodSandbox pos
 
 A pod is keyed by its UID, or by its sandbox ID while the pipeline knows no UID for it
 (an ID-only call for a pod the store never saw); calls that name no pod at all share one
-lock. A lock is dropped when the :class:`~anolisnuma.state.gone.Reaper` says its pod is
-gone, unless a call holds or waits for it then (the next resync drops it). The locks
-belong to the event loop: :meth:`PodLocks.forget`, called from any thread, drops them on
-the loop, where no call can be between finding a lock and taking it.
+lock. A lock is made when a call first holds it (:meth:`PodLocks.busy` only looks) and
+dropped when the :class:`~anolisnuma.state.gone.Reaper` says its pod is gone, or, when a
+call holds or waits for it then (a StopPodSandbox's post-hook still running when the
+RemovePodSandbox is done), once the last of them lets it go. The locks belong to the event
+loop: :meth:`PodLocks.forget`, called from any thread, drops them on the loop, where no
+call can be between finding a lock and taking it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Dict, Iterable, Optional
+import functools
+from typing import Callable, Dict, Iterable, Optional
 
 from anolisnuma.state.gone import PodGone, PodKeys, PodStateHolder
 
@@ -43,6 +46,17 @@ class PodLocks(PodStateHolder):
             lock = table[key] = PodLock()
         return lock
 
+    def busy(self, uid: str, sandbox_id: str) -> bool:
+        """Whether a call holds or waits for the lock ``hold(uid, sandbox_id)`` would give,
+        without making one; event loop only."""
+        if uid:
+            lock = self._by_uid.get(uid)
+        elif sandbox_id:
+            lock = self._by_sandbox.get(sandbox_id)
+        else:
+            lock = self._anonymous
+        return lock is not None and lock.users > 0
+
     # ---------------------------------------------------------------- PodStateHolder
     def held(self) -> PodKeys:
         return PodKeys.of(list(self._by_uid), list(self._by_sandbox))
@@ -66,8 +80,19 @@ class PodLocks(PodStateHolder):
         for table, keys in ((self._by_uid, uids), (self._by_sandbox, sandbox_ids)):
             for key in keys:
                 lock = table.get(key)
-                if lock is not None and not lock.users:
+                if lock is None:
+                    continue
+                if lock.users:
+                    lock.when_free = functools.partial(_drop_if_same, table, key, lock)
+                else:
                     del table[key]
+
+
+def _drop_if_same(table: Dict[str, "PodLock"], key: str, lock: "PodLock") -> None:
+    # (a call for the pod after it was said gone finds this same lock, or makes a new one
+    # once it was dropped: either way one lock per key at a time)
+    if table.get(key) is lock and not lock.users:
+        del table[key]
 
 
 class PodLock:
@@ -75,13 +100,14 @@ class PodLock:
     may still have a waiter about to take it (asyncio wakes the next waiter on release),
     and dropping it then would let that waiter and a later call run side by side."""
 
-    __slots__ = ("_lock", "users")
+    __slots__ = ("_lock", "users", "when_free")
 
     def __init__(self) -> None:
         # made on the event loop (by PodLocks.hold): on Python 3.9 a lock binds to the
         # loop current where it is made
         self._lock = asyncio.Lock()
         self.users = 0
+        self.when_free: Optional[Callable[[], None]] = None   # its pod is gone: drop it then
 
     async def __aenter__(self) -> None:
         self.users += 1
@@ -94,6 +120,9 @@ class PodLock:
     async def __aexit__(self, *exc: object) -> None:
         self._lock.release()
         self.users -= 1
+        if not self.users and self.when_free is not None:
+            when_free, self.when_free = self.when_free, None
+            when_free()
 
 
 def _on(loop: asyncio.AbstractEventLoop) -> bool:
