@@ -152,7 +152,7 @@ class Interceptor(HookStages):
         """The intercepted methods a call of which anything here acts on: those a hook
         runs on (pre or post) and those the store records (:data:`RECORDED`); None while
         the hooks are not built (any method may then matter). NRI mode subscribes to the
-        events of these methods only (``NriFrontEnd.event_mask``)."""
+        events of these methods only (``NriFrontEnd.events``)."""
         if not self._ready:
             return None
         hooked = {m for m, hooks in self._pre.items() if hooks} | {m for m, hooks in self._post.items() if hooks}

@@ -132,6 +132,14 @@ def test_registers_subscribes_and_takes_the_runtimes_timeout(setup):
     assert plugin.runtime == "containerd v2.2.7" and plugin.counts()["connected"] == 1
 
 
+def test_configure_subscribes_to_the_front_ends_events_only(setup):
+    runtime, plugin, fe, _, _ = setup
+    fe.events = lambda: (nri.RUN_POD_SANDBOX, nri.CREATE_CONTAINER, nri.REMOVE_CONTAINER)
+    reply = configure(runtime)
+    assert reply.events == (1 << (nri.RUN_POD_SANDBOX - 1)) | (1 << (nri.CREATE_CONTAINER - 1)) | (
+        1 << (nri.REMOVE_CONTAINER - 1))
+
+
 # NRI v0.8.0's last event (pkg/api: Event_LAST = 12), the NRI containerd 1.7 vendors
 NRI_V080_LAST_EVENT = 11
 
