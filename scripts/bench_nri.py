@@ -20,9 +20,9 @@ It starts, and always removes again (also on error, Ctrl-C or SIGTERM):
   in its log) before each of its arms, stopped (SIGTERM) after; neither is timed.
 
 Both daemons have NUMA placement on for the benchmark's namespace (and no periodic resync:
-daemon A would adopt and pin the pods other arms make on containerd's own socket) over a fake two-node
-topology mapped onto CPUs 0 and 1 (as tests/e2e/test_numa_e2e.py: node 0 = CPU 0, node 1 =
-CPU 1, memory pinning off). The arms, all with one KubeletLike client (tests/e2e/cri_client.py,
+daemon A would adopt and pin the pods other arms make on containerd's own socket) over a
+fake two-node topology mapped onto CPUs 0 and 1 (as tests/e2e/test_numa_e2e.py: node 0 =
+CPU 0, node 1 = CPU 1, memory pinning off). The arms, all with one KubeletLike client (tests/e2e/cri_client.py,
 as bench_proxy.py's pod start):
 
   direct   the client on containerd's own socket, no plugin registered
@@ -51,7 +51,8 @@ The rounds run ``--repeat`` times (the load is said for each repeat). Printed be
 figure the mean added over direct (the mean of per-round differences, with a 95 %
 t-interval over rounds), "CreateContainer added over no plugin" for nri and anchor, the
 plugins' CPU per pod start (process CPU clock of daemon B and of nri-anchor over the timed
-pods; daemon B's from when the metrics scrape before them has ended in it), and issue 34's targets read off them (met / missed; informative only).
+pods; daemon B's from when the metrics scrape before them has ended in it), and issue 34's
+targets read off them (met / missed; informative only).
 
 Printed: per arm p50 / p90 / max of the pod start and of each call, their ratios to direct
 (p50 and p90); what the daemons logged for the same calls (proxy: request in to reply out,

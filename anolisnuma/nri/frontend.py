@@ -148,7 +148,7 @@ class NriFrontEnd:
                 # lock behind another, or the loop is starved. containerd is about to give up
                 # on us and close the connection; the call still finishes on its own (its
                 # hooks recorded what they did: the store must agree), unanswered.
-                outcome.add_done_callback(lambda f: self._finish_late(pc, request, reply, f))
+                outcome.add_done_callback(lambda f: self._finish_late(pc, reply, f))
                 ic.counters.add("nri_events_past_deadline")
                 log.warning("NRI: an event took longer than containerd waits", method=method,
                             timeout_seconds=self.timeout)
@@ -157,20 +157,20 @@ class NriFrontEnd:
         # containerd waits for the answer, not for the call's bookkeeping: that runs right
         # after the answer is written (_finish_soon), as the proxy runs a call's post-hooks
         # once its reply is on the way
-        self._finish_soon(pc, outcome, request, reply)
+        self._finish_soon(pc, outcome, reply)
         if outcome.status:
             raise NriRequestError(outcome.status, outcome.message)
         return pc.call.request if pc.call is not None else request   # (as the pre-hooks left it)
 
-    def _finish_soon(self, pc: Any, decision: Decision, request: Any, reply: Any) -> None:
+    def _finish_soon(self, pc: Any, decision: Decision, reply: Any) -> None:
         """:meth:`_finish` on the loop's next turn: after this event's answer is written (the
         rest of the event's handling, up to the write, runs in the same step) and before
         any event read later, so the pod's next event finds the call recorded."""
-        self.loop.call_soon(self._finish_logged, pc, decision, request, reply)
+        self.loop.call_soon(self._finish_logged, pc, decision, reply)
 
-    def _finish_logged(self, pc: Any, decision: Decision, request: Any, reply: Any) -> None:
+    def _finish_logged(self, pc: Any, decision: Decision, reply: Any) -> None:
         try:
-            self._finish(pc, decision, request, reply)
+            self._finish(pc, decision, reply)
         except Exception as e:   # (the answer is out; a callback's error would only reach asyncio's handler)
             log.error("NRI: finishing an answered event failed", method=pc.method, error=repr(e)[:300])
 
@@ -180,21 +180,17 @@ class NriFrontEnd:
         interceptor's to settle): one turn of the loop, on which :meth:`_finish_soon` put them."""
         await asyncio.sleep(0)
 
-    def _finish(self, pc: Any, decision: Decision, request: Any, reply: Any) -> Any:
-        """The pipeline's end of a decided call (post-hooks, journal); the request as the
-        pre-hooks left it."""
-        ic = self.interceptor
+    def _finish(self, pc: Any, decision: Decision, reply: Any) -> None:
+        """The pipeline's end of a decided call (its record, log line, journal, post-hooks)."""
         if decision.status:
-            ic.on_reply(pc, None, decision.status, decision.message, answered_by_proxy=True)
-            return request
-        edited = pc.call.request if pc.call is not None else request
-        ic.on_reply(pc, None, 0, "", reply_message=reply)
-        return edited
+            self.interceptor.on_reply(pc, None, decision.status, decision.message, answered_by_proxy=True)
+        else:
+            self.interceptor.on_reply(pc, None, 0, "", reply_message=reply)
 
-    def _finish_late(self, pc: Any, request: Any, reply: Any, outcome: "asyncio.Future[Decision]") -> None:
+    def _finish_late(self, pc: Any, reply: Any, outcome: "asyncio.Future[Decision]") -> None:
         if outcome.cancelled() or outcome.exception() is not None:
             return   # (the pipeline logged it; nobody waits for the answer any more)
         try:
-            self._finish(pc, outcome.result(), request, reply)
+            self._finish(pc, outcome.result(), reply)
         except Exception as e:   # a callback's error would only reach asyncio's handler
             log.error("NRI: finishing an event answered past its deadline failed", error=repr(e)[:300])

@@ -222,11 +222,14 @@ class HookStages:
     def _pod_busy(self, call: H.Call) -> bool:
         """Whether an earlier call of the pod still holds or waits for its lock (looked at
         without making one: a call whose stages run at once never needs it)."""
-        if call.pod is not None:
-            return self.pod_locks.busy(call.pod.uid, call.pod.sandbox_id)
-        return self.pod_locks.busy("", call.container.sandbox_id if call.container is not None else "")
+        return self.pod_locks.busy(*_pod_keys(call))
 
     def _lock_for(self, call: H.Call) -> PodLock:
-        if call.pod is not None:
-            return self.pod_locks.hold(call.pod.uid, call.pod.sandbox_id)
-        return self.pod_locks.hold("", call.container.sandbox_id if call.container is not None else "")
+        return self.pod_locks.hold(*_pod_keys(call))
+
+
+def _pod_keys(call: H.Call) -> Tuple[str, str]:
+    """(uid, sandbox id) of the pod whose lock orders ``call``'s hooks (PodLocks)."""
+    if call.pod is not None:
+        return call.pod.uid, call.pod.sandbox_id
+    return "", call.container.sandbox_id if call.container is not None else ""

@@ -758,26 +758,12 @@ NumaLifecycle.TestCase.settings = settings(max_examples=25, stateful_step_count=
 TestNumaLifecycle = NumaLifecycle.TestCase
 
 
-def test_in_nri_mode_numa_alone_is_not_sent_start_or_stop_container(tmp_path):
+def test_in_nri_mode_numa_alone_is_not_sent_start_or_stop_container(tmp_path, nri_subscription):
     """containerd waits on a subscribed plugin: NUMA placement has nothing to do when a
     container starts or stops, so with it alone those events are not asked for."""
-    import asyncio
-
-    from anolisnuma.config import HooksConfig
-    from anolisnuma.nri.frontend import NriFrontEnd
-    from anolisnuma.pipeline.interceptor import Interceptor
-    from anolisnuma.state.store import Store
-    from nri_proto import api_pb2 as nri
-
     sys_root = F.with_cpuless_node().write(str(tmp_path / "sys"))
     paths = PathsConfig(sys_root=sys_root, state_dir=str(tmp_path / "state"),
                         kubelet_cpu_manager_state=str(tmp_path / "cpu_manager_state"))
-    ic = Interceptor([NumaHook(NumaConfig(enabled=True), paths)], HooksConfig(), Store())
-    loop = asyncio.new_event_loop()
-    try:
-        events = {nri.Event.Name(e) for e in NriFrontEnd(ic, loop).events()}
-    finally:
-        loop.close()
-        ic.executor.shutdown(wait=False)
+    events = nri_subscription([NumaHook(NumaConfig(enabled=True), paths)])
     assert events == {"RUN_POD_SANDBOX", "CREATE_CONTAINER", "UPDATE_CONTAINER", "STOP_POD_SANDBOX",
                       "REMOVE_POD_SANDBOX", "REMOVE_CONTAINER"}

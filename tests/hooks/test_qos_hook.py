@@ -514,22 +514,8 @@ def test_resync_adopts_existing_pods_and_drops_the_rest(node):
     assert node.resctrl.tasks("anolisnuma-all") == ["55"]
 
 
-def test_in_nri_mode_qos_is_sent_start_container(node):
+def test_in_nri_mode_qos_is_sent_start_container(node, nri_subscription):
     """QoS sets the container's knobs when its task is made (StartContainer): with QoS on,
     NRI mode subscribes to that event."""
-    import asyncio
-
-    from anolisnuma.config import HooksConfig
-    from anolisnuma.nri.frontend import NriFrontEnd
-    from anolisnuma.pipeline.interceptor import Interceptor
-    from anolisnuma.state.store import Store
-    from nri_proto import api_pb2 as nri
-
-    ic = Interceptor([QosHook(config(), node.paths)], HooksConfig(), Store())
-    loop = asyncio.new_event_loop()
-    try:
-        events = {nri.Event.Name(e) for e in NriFrontEnd(ic, loop).events()}
-    finally:
-        loop.close()
-        ic.executor.shutdown(wait=False)
+    events = nri_subscription([QosHook(config(), node.paths)])
     assert "START_CONTAINER" in events and "STOP_CONTAINER" not in events
